@@ -1,0 +1,80 @@
+"""Checks used by the hidden tests. Each failure raises `GradingFailure` whose
+message says what was called, what was expected and what was found, in words a
+student can act on. Helpers return None so nbgrader never reads a return value
+as partial credit."""
+import contextlib
+import io
+import warnings
+
+import numpy as np
+
+
+class GradingFailure(AssertionError):
+    """A check failed; the message is written for the student."""
+
+
+def describe(value):
+    """Short human description of a value: type, dtype and shape."""
+    if isinstance(value, np.ndarray):
+        return f"an array of shape {value.shape} and dtype {value.dtype}"
+    if isinstance(value, tuple):
+        return f"a tuple of {len(value)} items"
+    return f"a {type(value).__name__}"
+
+
+def call(fn, *args, what, **kwargs):
+    """Call a student function. Warnings are silenced (nbgrader scores any
+    output on stderr as a failure) and exceptions become a clear failure."""
+    try:
+        with warnings.catch_warnings(), np.errstate(all="ignore"), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            return fn(*args, **kwargs)
+    except NotImplementedError:
+        raise GradingFailure(f"{what} raised NotImplementedError: the function is not written yet.") from None
+    except Exception as exc:  # any student error is a failed check, not a crash
+        raise GradingFailure(f"{what} raised {type(exc).__name__}: {exc}") from None
+
+
+def expect_array(found, *, shape, what):
+    if not isinstance(found, np.ndarray):
+        raise GradingFailure(f"{what} should return a NumPy array of shape {shape}, but returned {describe(found)}.")
+    if found.shape != tuple(shape):
+        raise GradingFailure(f"{what} should return shape {tuple(shape)}, but returned shape {found.shape}.")
+    if not np.issubdtype(found.dtype, np.floating):
+        raise GradingFailure(f"{what} should return floating-point values, but returned dtype {found.dtype}.")
+
+
+def expect_close(found, expected, *, what, rtol=1e-6, atol=1e-9, hint=""):
+    """Compare a student array with the reference, shape and values."""
+    expected = np.asarray(expected)
+    expect_array(found, shape=expected.shape, what=what)
+    if not np.all(np.isfinite(found)):
+        bad = np.argwhere(~np.isfinite(found))[0]
+        raise GradingFailure(
+            f"{what} returned a non-finite value ({found[tuple(bad)]}) at index {tuple(int(i) for i in bad)}; "
+            f"the expected value there is {expected[tuple(bad)]:.6g}. {hint}".rstrip()
+        )
+    close = np.isclose(found, expected, rtol=rtol, atol=atol)
+    if not np.all(close):
+        bad = tuple(int(i) for i in np.argwhere(~close)[0])
+        worst = float(np.max(np.abs(found - expected)))
+        raise GradingFailure(
+            f"{what} is wrong at index {bad}: expected {expected[bad]:.6g}, found {found[bad]:.6g} "
+            f"({int(np.sum(~close))} of {close.size} entries differ; largest difference {worst:.3g}). {hint}".rstrip()
+        )
+
+
+def expect_scalar(found, *, what):
+    if isinstance(found, np.ndarray) and found.shape == ():
+        found = found.item()
+    if isinstance(found, bool) or not isinstance(found, (int, float, np.integer, np.floating)):
+        raise GradingFailure(f"{what} should return a number, but returned {describe(found)}.")
+    found = float(found)
+    if not np.isfinite(found):
+        raise GradingFailure(f"{what} returned {found}, which is not a finite number.")
+    return found
+
+
+def expect_unchanged(before, after, *, what):
+    if not np.array_equal(before, after, equal_nan=True):
+        raise GradingFailure(f"{what} modified its input array in place; work on a copy instead.")

@@ -1,0 +1,43 @@
+"""Reference implementations for Chapter 1 (Principles)."""
+import numpy as np
+
+
+def softmax(x, axis=-1):
+    x = np.asarray(x, dtype=np.float64)
+    shifted = x - np.max(x, axis=axis, keepdims=True)
+    e = np.exp(shifted)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores, axis=-1)
+    return np.matmul(weights, v), weights
+
+
+def split_heads(x, num_heads):
+    """(..., n, d_model) -> (..., num_heads, n, d_model // num_heads), contiguous slices."""
+    *lead, n, d_model = x.shape
+    x = x.reshape(*lead, n, num_heads, d_model // num_heads)
+    return np.moveaxis(x, -2, -3)
+
+
+def merge_heads(x):
+    """Inverse of split_heads."""
+    x = np.moveaxis(x, -3, -2)
+    return x.reshape(*x.shape[:-2], x.shape[-2] * x.shape[-1])
+
+
+def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
+    x = np.asarray(x, dtype=np.float64)
+    q, k, v = (split_heads(x @ w, num_heads) for w in (w_q, w_k, w_v))
+    heads, _ = scaled_dot_product_attention(q, k, v)
+    return merge_heads(heads) @ w_o
+
+
+def equivariance_gap(f, x, perm):
+    perm = np.asarray(perm)
+    return float(np.max(np.abs(f(x[perm]) - f(x)[perm])))

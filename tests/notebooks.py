@@ -1,0 +1,59 @@
+"""Helpers for tests that build student submissions from the course notebooks."""
+import json
+from pathlib import Path
+
+import nbformat
+
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def nbgrader_meta(cell):
+    return cell.get("metadata", {}).get("nbgrader", {})
+
+
+def solution_code(source_cell):
+    """A source solution cell as a student who solved it would leave it."""
+    lines = source_cell.source.split("\n")
+    return "\n".join(ln for ln in lines if ln.strip() not in SOLUTION_MARKERS)
+
+
+def filled_submission(release_nb_path, source_nb_path, overrides=None, answer_text="The scaled scores shrink."):
+    """The student notebook with every solution cell answered from the
+    instructor's source, except the cells named in `overrides`
+    (grade_id -> code), which get that code instead."""
+    overrides = dict(overrides or {})
+    release = nbformat.read(release_nb_path, as_version=4)
+    source = nbformat.read(source_nb_path, as_version=4)
+    answers = {nbgrader_meta(c).get("grade_id"): c for c in source.cells if nbgrader_meta(c).get("solution")}
+    for cell in release.cells:
+        meta = nbgrader_meta(cell)
+        gid = meta.get("grade_id")
+        if not meta.get("solution"):
+            continue
+        if cell.cell_type == "markdown":
+            cell.source = answer_text
+        elif gid in overrides:
+            cell.source = overrides.pop(gid).strip("\n")
+        else:
+            cell.source = solution_code(answers[gid])
+    if overrides:
+        raise KeyError(f"no solution cells named {sorted(overrides)}")
+    return release
+
+
+def write_submission(root, student, assignment, name, notebook_or_text):
+    folder = Path(root) / student / assignment
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    if isinstance(notebook_or_text, str):
+        path.write_text(notebook_or_text)
+    else:
+        nbformat.write(notebook_or_text, path)
+    return path
+
+
+def graded_test_cells(notebook_path):
+    """grade_id -> points of the autograded test cells."""
+    nb = json.loads(Path(notebook_path).read_text())
+    return {nbgrader_meta(c)["grade_id"]: nbgrader_meta(c)["points"] for c in nb["cells"]
+            if nbgrader_meta(c).get("grade") and not nbgrader_meta(c).get("solution")}
