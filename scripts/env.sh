@@ -30,5 +30,8 @@ fi
 
 export PATH="$VENV/bin:$PATH"
 export VIRTUAL_ENV="$VENV"
-# Matplotlib writes its font cache here instead of the user's home.
+# Matplotlib writes its font cache here instead of the user's home. Kernels
+# choose their own inline backend; a backend forced from outside would drop the
+# figures from the built pages.
 export MPLCONFIGDIR="$ROOT/.venv/.mplconfig"
+unset MPLBACKEND

@@ -8,7 +8,9 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # autograde, and tests.* helpers
 
-os.environ.setdefault("MPLBACKEND", "Agg")
+# Notebook kernels must pick their own (inline) plotting backend: a forced
+# non-interactive backend would drop every figure from the built pages.
+os.environ.pop("MPLBACKEND", None)
 
 
 def run(cmd, cwd=REPO, timeout=1800, env=None):
