@@ -1,0 +1,17 @@
+"""Plotting helpers for attention weights."""
+
+
+def weights_heatmap(ax, A, fmt=".2f"):
+    """Draw an attention-weight matrix with each cell annotated; rows are
+    queries, columns are keys. Returns the image for a colour bar."""
+    n_q, n_k = A.shape
+    im = ax.imshow(A, cmap="Blues", vmin=0, vmax=A.max())
+    for r in range(n_q):
+        for c in range(n_k):
+            ax.text(c, r, format(A[r, c], fmt), ha="center", va="center", fontsize=8,
+                    color="white" if A[r, c] > 0.6 * A.max() else "black")
+    ax.set_xticks(range(n_k), [f"$k_{c}$" for c in range(n_k)])
+    ax.set_yticks(range(n_q), [f"$q_{r}$" for r in range(n_q)])
+    ax.set_xlabel("key $j$")
+    ax.set_ylabel("query $i$")
+    return im
