@@ -17,6 +17,11 @@ def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
 
 
+def _is_pair(result):
+    """A tuple of two, or a list of two: both unpack like the spec's tuple."""
+    return isinstance(result, (tuple, list)) and len(result) == 2
+
+
 # ---------------------------------------------------------------- softmax
 
 def check_softmax_any_axis(softmax):
@@ -47,6 +52,7 @@ def check_softmax_stable(softmax):
         "large negative values": -rng.uniform(9e3, 1e4, size=(3, 5)),
         "values from -1e4 to 1e4": rng.uniform(-1e4, 1e4, size=(4, 6)),
         "a row with one entry far above the rest": np.array([[1e4, 0.0, -1e4, 5.0]]),
+        "rows at very different scales": np.array([[1e4, 1e4 - 1, 1e4 - 3], [-1e4, -1e4 + 2, -1e4 + 1]]),
         "entries of -inf (masked) beside finite ones": np.array([[-np.inf, 1.0, 2.0], [0.0, -np.inf, -np.inf]]),
     }
     for label, x in cases.items():
@@ -101,7 +107,7 @@ def check_sdpa_batched_and_masked(scaled_dot_product_attention):
         inputs = [a.copy() for a in (q, k, v)]
         what = f"scaled_dot_product_attention with {label}"
         result = call(scaled_dot_product_attention, q, k, v, mask=mask, what=what)
-        if not (isinstance(result, tuple) and len(result) == 2):
+        if not _is_pair(result):
             raise GradingFailure(f"{what} should return a tuple (output, weights), "
                                  f"but returned {type(result).__name__}.")
         for before, after in zip(inputs, (q, k, v)):
@@ -123,7 +129,7 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
         v = rng.normal(size=(2, 6, 3))
         what = f"scaled_dot_product_attention with query/key entries of size about {scale:g}"
         result = call(scaled_dot_product_attention, q, k, v, what=what)
-        if not (isinstance(result, tuple) and len(result) == 2):
+        if not _is_pair(result):
             raise GradingFailure(f"{what} should return a tuple (output, weights).")
         ref_out, ref_weights = ref.scaled_dot_product_attention(q, k, v)
         expect_close(result[1], ref_weights, what=f"the weights from {what}",
@@ -156,7 +162,7 @@ def check_dot_product_variance(dot_product_variance):
     for d_k in (1, 2, 8, 32, 128, 512):
         what = f"dot_product_variance(d_k={d_k}, n_pairs={n_pairs}, rng)"
         result = call(dot_product_variance, d_k, n_pairs, np.random.default_rng(d_k), what=what)
-        if not (isinstance(result, tuple) and len(result) == 2):
+        if not _is_pair(result):
             raise GradingFailure(f"{what} should return a tuple (raw_variance, scaled_variance).")
         raw = expect_scalar(result[0], what=f"the raw variance from {what}")
         scaled = expect_scalar(result[1], what=f"the scaled variance from {what}")

@@ -19,6 +19,13 @@ def softmax(x, axis=-1):
     return exps / np.sum(exps, axis=axis, keepdims=True)
 '''
 
+SOFTMAX_GLOBAL_MAX = '''
+def softmax(x, axis=-1):
+    # Bug: one maximum for the whole array; slices far below it underflow to 0/0.
+    exps = np.exp(x - np.max(x))
+    return exps / np.sum(exps, axis=axis, keepdims=True)
+'''
+
 SOFTMAX_IN_PLACE = '''
 def softmax(x, axis=-1):
     x -= np.max(x, axis=axis, keepdims=True)
@@ -90,6 +97,17 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
     split = lambda t: np.swapaxes(t.reshape(*lead, n, d_head, num_heads), -1, -3).swapaxes(-1, -2)
     heads, _ = scaled_dot_product_attention(split(x @ w_q), split(x @ w_k), split(x @ w_v))
     return np.concatenate([heads[..., h, :, :] for h in range(num_heads)], axis=-1) @ w_o
+'''
+
+MHA_SCALES_BY_D_MODEL = '''
+def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
+    *lead, n, d_model = x.shape
+    d_head = d_model // num_heads
+    split = lambda t: np.swapaxes(t.reshape(*lead, n, num_heads, d_head), -2, -3)
+    q, k, v = split(x @ w_q), split(x @ w_k), split(x @ w_v)
+    # Bug: scales by the model width instead of the head width.
+    weights = softmax(q @ np.swapaxes(k, -1, -2) / np.sqrt(d_model), axis=-1)
+    return np.swapaxes(weights @ v, -2, -3).reshape(*lead, n, d_model) @ w_o
 '''
 
 MHA_FORGETS_W_O = '''
@@ -164,6 +182,15 @@ def softmax(x, axis=-1):
     return np.moveaxis(out, -1, axis)
 '''
 
+STYLE_SDPA_LIST_RESULT = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    d_k = q.shape[-1]
+    logits = np.matmul(q, np.moveaxis(k, -1, -2)) / np.sqrt(d_k)
+    logits = np.where(np.broadcast_to(True if mask is None else mask, logits.shape), logits, -np.inf)
+    w = softmax(logits)
+    return [np.matmul(w, v), w]
+'''
+
 STYLE_SDPA_EINSUM = '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     d_k = k.shape[-1]
@@ -236,6 +263,7 @@ CORRECT = {
     "softmax_moveaxis": {"softmax": STYLE_SOFTMAX_MOVEAXIS},
     "sdpa_einsum_additive_mask": {"scaled_dot_product_attention": STYLE_SDPA_EINSUM},
     "sdpa_large_negative_mask": {"scaled_dot_product_attention": STYLE_SDPA_MATMUL_LARGE_NEGATIVE},
+    "sdpa_returns_list": {"scaled_dot_product_attention": STYLE_SDPA_LIST_RESULT},
     "mha_loop_over_heads": {"multi_head_attention": STYLE_MHA_LOOP},
     "mha_transpose_batch": {"multi_head_attention": STYLE_MHA_TRANSPOSE,
                             "dot_product_variance": STYLE_VARIANCE_NORMAL_LOOPLESS,
@@ -249,6 +277,7 @@ BUGGY = {
     "softmax_ignores_axis": ({"softmax": SOFTMAX_IGNORES_AXIS},
                              {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"}),
     "softmax_unstable": ({"softmax": SOFTMAX_UNSTABLE}, {"test_softmax_stable", "test_sdpa_extreme_scores"}),
+    "softmax_global_max": ({"softmax": SOFTMAX_GLOBAL_MAX}, {"test_softmax_stable", "test_sdpa_extreme_scores"}),
     "softmax_modifies_input": ({"softmax": SOFTMAX_IN_PLACE}, {"test_softmax_any_axis"}),
     # With huge scores the weights are one-hot with or without scaling, so the
     # extreme-score cell cannot tell; the others can.
@@ -265,6 +294,7 @@ BUGGY = {
                       "test_sdpa_extreme_scores"} | MHA_CELLS),
     "mha_heads_wrong_axis": ({"multi_head_attention": MHA_HEADS_WRONG_AXIS}, MHA_CELLS),
     "mha_interleaved_heads": ({"multi_head_attention": MHA_INTERLEAVED_HEADS}, MHA_CELLS),
+    "mha_scales_by_d_model": ({"multi_head_attention": MHA_SCALES_BY_D_MODEL}, MHA_CELLS),
     "mha_forgets_w_o": ({"multi_head_attention": MHA_FORGETS_W_O}, MHA_CELLS),
     "mha_unbatched_only": ({"multi_head_attention": MHA_UNBATCHED_ONLY}, MHA_CELLS),
     "variance_scaled_by_d_k": ({"dot_product_variance": VARIANCE_SCALED_BY_D_K},
