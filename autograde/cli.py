@@ -43,3 +43,6 @@ def main(argv=None):
     except CourseError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except OSError as exc:  # unwritable output folder, full disk: say which file
+        print(f"error: {exc.strerror or exc}: {exc.filename or ''}".rstrip(": "), file=sys.stderr)
+        return 2
