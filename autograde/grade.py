@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import nbformat
 from nbgrader.api import Gradebook, MissingEntry
 from nbgrader.apps import NbGraderAPI
 
@@ -50,6 +51,25 @@ class Summary:
         return sum(r.status == status for r in self.results)
 
 
+@dataclass
+class Course:
+    """An nbgrader course directory set up for grading one assignment."""
+    api: NbGraderAPI
+    db_url: str
+    max_score: float
+    grade_cells: list  # "notebook:grade_id", in notebook order
+
+
+def _grade_cells(notebooks):
+    cells = []
+    for path in notebooks:
+        for cell in nbformat.read(path, as_version=4).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if meta.get("grade"):
+                cells.append(f"{path.stem}:{meta['grade_id']}")
+    return cells
+
+
 def _prepare_course(assignment, out, cell_timeout):
     """Make `out` an nbgrader course directory with the assignment released
     into its gradebook (the gradebook stores the test cells' true source)."""
@@ -58,16 +78,19 @@ def _prepare_course(assignment, out, cell_timeout):
     if source.exists():
         shutil.rmtree(source)
     source.mkdir(parents=True)
-    for nb in source_notebooks(assignment):
+    notebooks = source_notebooks(assignment)
+    for nb in notebooks:
         shutil.copy2(nb, source / nb.name)
-    config = nbgrader_config(out.resolve(), db_url=f"sqlite:///{(out / 'gradebook.db').resolve()}",
-                             cell_timeout=cell_timeout)
+    db_url = f"sqlite:///{(out / 'gradebook.db').resolve()}"
+    config = nbgrader_config(out.resolve(), db_url=db_url, cell_timeout=cell_timeout)
     (out / "nbgrader_config.py").write_text(config_file_text(config))
     api = NbGraderAPI(config=config)
     result = api.generate_assignment(assignment, force=True, create=True)
     if not result["success"]:
         raise CourseError(f"nbgrader could not prepare '{assignment}':\n{result.get('error') or result.get('log')}")
-    return api, config
+    with Gradebook(db_url) as gb:
+        max_score = float(gb.find_assignment(assignment).max_score)
+    return Course(api=api, db_url=db_url, max_score=max_score, grade_cells=_grade_cells(notebooks))
 
 
 def _copy_submission(sub, course_submitted, assignment):
@@ -138,39 +161,34 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
         raise CourseError(f"no submissions for '{assignment}' in {submissions} "
                           f"(expected folders like {submissions}/<student>/{assignment}/)")
 
-    api, _ = _prepare_course(assignment, out, cell_timeout or CELL_TIMEOUT_S)
-    max_score = None
+    course = _prepare_course(assignment, out, cell_timeout or CELL_TIMEOUT_S)
     results = []
     for i, sub in enumerate(subs, 1):
-        result = StudentResult(student=sub.student, status="graded", problems=list(sub.problems))
+        result = StudentResult(student=sub.student, status="graded", max_score=course.max_score,
+                               problems=list(sub.problems))
         if not sub.notebooks:
             result.status = "ungradable"
         else:
             if sub.folder.resolve() != (out / "submitted" / sub.student / assignment).resolve():
                 _copy_submission(sub, out / "submitted", assignment)
-            outcome = api.autograde(assignment, sub.student, force=True, create=True)
+            outcome = course.api.autograde(assignment, sub.student, force=True, create=True)
             if not outcome["success"]:
                 result.status = "failed"
                 result.problems.append(_explain_failure(outcome))
             else:
-                fb = api.generate_feedback(assignment, sub.student, force=True)
+                fb = course.api.generate_feedback(assignment, sub.student, force=True)
                 if not fb["success"]:
                     result.problems.append(f"feedback not written: {_explain_failure(fb)}")
-        if result.status != "failed":
-            with Gradebook(f"sqlite:///{(out / 'gradebook.db').resolve()}") as gb:
-                if result.status == "graded":
-                    _record_scores(result, gb, assignment)
-                if max_score is None:
-                    max_score = float(gb.find_assignment(assignment).max_score)
-        result.max_score = result.max_score or (max_score or 0.0)
+        if result.status == "graded":
+            with Gradebook(course.db_url) as gb:
+                _record_scores(result, gb, assignment)
         results.append(result)
         note = f" ({'; '.join(result.problems)})" if result.problems else ""
         manual = " + manual grading pending" if result.needs_manual_grade else ""
         log(f"[{i}/{len(subs)}] {sub.student}: {result.status} {result.score:g}/{result.max_score:g}{manual}{note}")
 
-    cell_columns = sorted({c for r in results for c in r.cells}, key=_cell_order(out, assignment))
     grades_csv = out / "grades.csv"
-    _write_csv(grades_csv, results, cell_columns)
+    _write_csv(grades_csv, results, course.grade_cells)
     summary = Summary(results=results, grades_csv=grades_csv, seconds=time.monotonic() - started)
     log(f"graded {summary.count('graded')}, ungradable {summary.count('ungradable')}, "
         f"failed {summary.count('failed')} of {len(results)} submissions in {summary.seconds:.0f} s")
@@ -178,16 +196,3 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
     log(f"feedback: {out / 'feedback'}/<student>/{assignment}/")
     return summary
 
-
-def _cell_order(out, assignment):
-    """Sort per-cell columns in notebook order rather than alphabetically."""
-    import nbformat
-
-    order = {}
-    for nb_path in sorted((out / "source" / assignment).glob("*.ipynb")):
-        nb = nbformat.read(nb_path, as_version=4)
-        for cell in nb.cells:
-            gid = cell.metadata.get("nbgrader", {}).get("grade_id")
-            if gid:
-                order[f"{nb_path.name[:-6]}:{gid}"] = len(order)
-    return lambda column: order.get(column, len(order))
