@@ -47,6 +47,11 @@ def nbgrader_config(root, *, source="source", release="release", db_url=None,
     # the notebook still runs.
     c.Execute.timeout = cell_timeout
     c.Execute.interrupt_on_timeout = True
+    # nbgrader scores a test cell 0 if anything reaches stderr. A warning is
+    # not a failure (np.log(mask) for an additive mask warns about log(0)), so
+    # stderr output that is a Python warning is dropped before scoring.
+    c.IgnorePattern.enabled = True
+    c.IgnorePattern.pattern = r"\w*Warning: "
     # Quiet the kernel's start-up warnings in the instructor's terminal.
     c.Execute.extra_arguments = ["--IPKernelApp.log_level=ERROR"]
     # Feedback shows what each test checked, never the hidden test code.

@@ -191,6 +191,15 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return [np.matmul(w, v), w]
 '''
 
+STYLE_SDPA_LOG_MASK = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores + np.log(mask)  # log(1) = 0, log(0) = -inf (numpy warns about it)
+    weights = softmax(scores, axis=-1)
+    return weights @ v, weights
+'''
+
 STYLE_SDPA_EINSUM = '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     d_k = k.shape[-1]
@@ -264,6 +273,7 @@ CORRECT = {
     "sdpa_einsum_additive_mask": {"scaled_dot_product_attention": STYLE_SDPA_EINSUM},
     "sdpa_large_negative_mask": {"scaled_dot_product_attention": STYLE_SDPA_MATMUL_LARGE_NEGATIVE},
     "sdpa_returns_list": {"scaled_dot_product_attention": STYLE_SDPA_LIST_RESULT},
+    "sdpa_log_mask_warns": {"scaled_dot_product_attention": STYLE_SDPA_LOG_MASK},
     "mha_loop_over_heads": {"multi_head_attention": STYLE_MHA_LOOP},
     "mha_transpose_batch": {"multi_head_attention": STYLE_MHA_TRANSPOSE,
                             "dot_product_variance": STYLE_VARIANCE_NORMAL_LOOPLESS,
