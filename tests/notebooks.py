@@ -1,5 +1,7 @@
 """Helpers for tests that build student submissions from the course notebooks."""
+import importlib
 import json
+import re
 from pathlib import Path
 
 import nbformat
@@ -50,6 +52,20 @@ def write_submission(root, student, assignment, name, notebook_or_text):
     else:
         nbformat.write(notebook_or_text, path)
     return path
+
+
+HIDDEN_CALL = re.compile(r"from (autograde\.checks\.\w+) import (\w+)\n\2\((\w+)\)")
+
+
+def hidden_checks(notebook_path):
+    """grade_id -> (check function, name of the student function it checks),
+    read from the hidden test cells: `from autograde.checks.X import check`
+    followed by `check(function)`."""
+    found = {}
+    for cell in nbformat.read(notebook_path, as_version=4).cells:
+        for module, check, function in HIDDEN_CALL.findall(cell.source):
+            found[nbgrader_meta(cell)["grade_id"]] = (getattr(importlib.import_module(module), check), function)
+    return found
 
 
 def graded_test_cells(notebook_path):
