@@ -47,6 +47,8 @@ def expect_array(found, *, shape, what):
 def expect_close(found, expected, *, what, rtol=1e-6, atol=1e-9, hint=""):
     """Compare a student array with the reference, shape and values."""
     expected = np.asarray(expected)
+    if expected.shape == () and isinstance(found, (float, np.floating)):
+        found = np.asarray(found)  # a NumPy or Python scalar is a fine 0-d result
     expect_array(found, shape=expected.shape, what=what)
     if not np.all(np.isfinite(found)):
         bad = np.argwhere(~np.isfinite(found))[0]

@@ -2,52 +2,61 @@
 answers in other styles, and reject planted mistakes with messages a student
 can act on. (test_grading runs the same through nbgrader.)"""
 import nbformat
-import numpy as np
 import pytest
 
 from autograde.checks import principles as checks
+from autograde.checks import variants as variant_checks
 from autograde.compare import GradingFailure
 from autograde.reference import principles as ref
 from tests.conftest import REPO
 from tests.notebooks import hidden_checks, nbgrader_meta, solution_code
-from tests.submissions import principles as cases
-
-SOURCE = REPO / "solutions" / cases.ASSIGNMENT / "principles.ipynb"
-# The checks exactly as the notebook's hidden test cells call them.
-CHECKS = hidden_checks(SOURCE)
+from tests.submissions import CLASSES
 
 
-def namespace(overrides):
-    """A student's functions as the notebook defines them: every solution
-    cell's code, with `overrides` (grade_id -> code) in place of some, all
-    sharing one namespace so later functions call the earlier ones."""
-    nb = nbformat.read(SOURCE, as_version=4)
-    ns = {"np": np}
-    for cell in nb.cells:
+def source(assignment):
+    return REPO / "solutions" / assignment / CLASSES[assignment].NOTEBOOK
+
+
+# The checks exactly as each notebook's hidden test cells call them.
+CHECKS = {assignment: hidden_checks(source(assignment)) for assignment in CLASSES}
+
+
+def namespace(assignment, overrides):
+    """A student's functions as the notebook defines them: the setup cell, then
+    every solution cell's code, with `overrides` (grade_id -> code) in place of
+    some, all sharing one namespace so later functions call the earlier ones."""
+    ns = {}
+    for cell in nbformat.read(source(assignment), as_version=4).cells:
         meta = nbgrader_meta(cell)
-        if meta.get("solution") and cell.cell_type == "code":
+        if meta.get("grade_id") == "setup":
+            exec(cell.source, ns)
+        elif meta.get("solution") and cell.cell_type == "code":
             exec(overrides.get(meta["grade_id"], solution_code(cell)), ns)
     return ns
 
 
-@pytest.mark.parametrize("cell", sorted(CHECKS))
-def test_checks_accept_the_reference(cell):
-    check, name = CHECKS[cell]
-    assert check(namespace({})[name]) is None  # None: nbgrader must not read a partial score
+def cases(kind):
+    return [(assignment, name) for assignment, module in CLASSES.items() for name in sorted(getattr(module, kind))]
 
 
-@pytest.mark.parametrize("case", sorted(cases.CORRECT))
-def test_checks_accept_other_correct_styles(case):
-    ns = namespace(cases.CORRECT[case])
-    for check, name in CHECKS.values():
+@pytest.mark.parametrize("assignment, cell", [(a, c) for a in CHECKS for c in sorted(CHECKS[a])])
+def test_checks_accept_the_reference(assignment, cell):
+    check, name = CHECKS[assignment][cell]
+    assert check(namespace(assignment, {})[name]) is None  # None: nbgrader must not read a partial score
+
+
+@pytest.mark.parametrize("assignment, case", cases("CORRECT"))
+def test_checks_accept_other_correct_styles(assignment, case):
+    ns = namespace(assignment, CLASSES[assignment].CORRECT[case])
+    for check, name in CHECKS[assignment].values():
         check(ns[name])
 
 
-@pytest.mark.parametrize("case", sorted(cases.BUGGY))
-def test_checks_reject_exactly_the_planted_mistakes(case):
-    overrides, loses = cases.BUGGY[case]
-    ns = namespace(overrides)
-    for cell, (check, name) in CHECKS.items():
+@pytest.mark.parametrize("assignment, case", cases("BUGGY"))
+def test_checks_reject_exactly_the_planted_mistakes(assignment, case):
+    overrides, loses = CLASSES[assignment].BUGGY[case]
+    ns = namespace(assignment, overrides)
+    for cell, (check, name) in CHECKS[assignment].items():
         if cell in loses:
             with pytest.raises(GradingFailure) as err:
                 check(ns[name])
@@ -65,12 +74,31 @@ def test_unwritten_functions_get_a_plain_message():
 
 
 def test_failure_messages_point_at_the_fix():
-    ns = namespace({"softmax": cases.SOFTMAX_UNSTABLE})
+    principles = CLASSES["ch1_principles"]
+    ns = namespace("ch1_principles", {"softmax": principles.SOFTMAX_UNSTABLE})
     with pytest.raises(GradingFailure, match="Subtract the maximum"):
         checks.check_softmax_stable(ns["softmax"])
-    ns = namespace({"scaled_dot_product_attention": cases.SDPA_NO_SCALING})
+    ns = namespace("ch1_principles", {"scaled_dot_product_attention": principles.SDPA_NO_SCALING})
     with pytest.raises(GradingFailure, match="1/sqrt"):
         checks.check_sdpa_batched_and_masked(ns["scaled_dot_product_attention"])
+    variants = CLASSES["ch2_variants"]
+    ns = namespace("ch2_variants", {"attention_entropy": variants.ENTROPY_NAN_ON_ZERO})
+    with pytest.raises(GradingFailure, match="non-finite.*0 log 0 = 0"):
+        variant_checks.check_entropy_limits(ns["attention_entropy"])
+    ns = namespace("ch2_variants", {"decode_with_kv_cache": variants.DECODE_RECOMPUTES})
+    with pytest.raises(GradingFailure, match="once per token.*made 0 calls"):
+        variant_checks.check_decode_with_kv_cache(ns["decode_with_kv_cache"])
+    ns = namespace("ch2_variants", {"EncoderLayer": variants.ENCODER_NORM_BEFORE_RESIDUAL})
+    with pytest.raises(GradingFailure, match="post-norm.*norm1\\(x \\+ attn\\(x\\)\\)"):
+        variant_checks.check_encoder_post_norm(ns["EncoderLayer"])
+
+
+def test_odd_width_check_needs_a_value_error():
+    def wrong_exception(n_positions, d_model):
+        assert d_model % 2 == 0, "odd"
+
+    with pytest.raises(GradingFailure, match="should raise ValueError.*raised AssertionError"):
+        variant_checks.check_pe_odd_width(wrong_exception)
 
 
 def test_warnings_from_student_code_do_not_reach_stderr(capfd):

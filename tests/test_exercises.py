@@ -55,7 +55,7 @@ def test_graded_functions_live_in_cells_named_after_them(path):
     for cell in nb.cells:
         meta = nbgrader_meta(cell)
         if meta.get("solution") and cell.cell_type == "code":
-            defs = re.findall(r"^def (\w+)\(", cell.source, flags=re.M)
+            defs = re.findall(r"^(?:def|class) (\w+)\b", cell.source, flags=re.M)
             assert defs == [meta["grade_id"]], f"solution cell {meta['grade_id']} defines {defs}"
 
 

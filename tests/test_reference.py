@@ -63,3 +63,70 @@ def test_equivariance_gap_is_zero_for_attention_and_not_for_positions():
     assert ref.equivariance_gap(lambda t: attend(t + positions), x, perm) > 1e-3
     # By hand: cumsum of [1, 2, 3] under perm [2, 0, 1] gives a gap of 3.
     assert ref.equivariance_gap(lambda t: np.cumsum(t, 0), np.array([[1.0], [2.0], [3.0]]), [2, 0, 1]) == 3.0
+
+
+# ---------------------------------------------------------------- Chapter 2
+
+from autograde.reference import variants  # noqa: E402
+
+
+@pytest.mark.parametrize("n, d", [(1, 2), (5, 4), (9, 16)])
+def test_positional_encoding_matches_the_formula_entry_by_entry(n, d):
+    import math
+
+    pe = variants.sinusoidal_positional_encoding(n, d)
+    for p in range(n):
+        for col in range(d):
+            angle = p / 10000 ** (2 * (col // 2) / d)
+            assert pe[p, col] == pytest.approx(math.sin(angle) if col % 2 == 0 else math.cos(angle), abs=1e-12)
+    with pytest.raises(ValueError):
+        variants.sinusoidal_positional_encoding(4, 5)
+
+
+def test_causal_mask_and_causal_attention_match_torch():
+    for n in (1, 4, 9):
+        np.testing.assert_array_equal(variants.causal_mask(n), torch.ones(n, n).tril().bool().numpy())
+    x, w = rng.normal(size=(7, 5)), rng.normal(size=(3, 5, 4))
+    expected = F.scaled_dot_product_attention(*(torch.from_numpy(x @ wi) for wi in w), is_causal=True)
+    np.testing.assert_allclose(variants.causal_self_attention(x, *w), expected.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_cross_attention_matches_torch_multihead_cross_attention():
+    x_dec, memory = rng.normal(size=(3, 4)), rng.normal(size=(6, 4))
+    w_q, w_k, w_v = (rng.normal(size=(4, 4)) for _ in range(3))
+    mha = torch.nn.MultiheadAttention(4, 1, bias=False, batch_first=True, dtype=torch.float64)
+    with torch.no_grad():
+        mha.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w_q.T, w_k.T, w_v.T])))
+        mha.out_proj.weight.copy_(torch.eye(4, dtype=torch.float64))
+        expected = mha(torch.from_numpy(x_dec), torch.from_numpy(memory), torch.from_numpy(memory))[0]
+    np.testing.assert_allclose(variants.cross_attention(x_dec, memory, w_q, w_k, w_v), expected.numpy(), rtol=1e-10)
+
+
+def test_decode_step_chain_equals_causal_attention():
+    x, (w_q, w_k, w_v) = rng.normal(size=(6, 4)), (rng.normal(size=(4, 3)) for _ in range(3))
+    cache_k, cache_v, outputs = np.zeros((0, 3)), np.zeros((0, 3)), []
+    for x_t in x:
+        out, cache_k, cache_v = variants.decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v)
+        outputs.append(out)
+    np.testing.assert_allclose(np.array(outputs), variants.causal_self_attention(x, w_q, w_k, w_v), rtol=1e-12)
+    np.testing.assert_allclose(cache_k, x @ w_k)
+
+
+def test_entropy_matches_torch_categorical_and_its_limits():
+    p = ref.softmax(rng.normal(size=(2, 3, 5)))
+    expected = torch.distributions.Categorical(probs=torch.from_numpy(p)).entropy().numpy()
+    np.testing.assert_allclose(variants.attention_entropy(p), expected, rtol=1e-12)
+    np.testing.assert_array_equal(variants.attention_entropy(np.eye(4)), np.zeros(4))
+    assert variants.attention_entropy(np.full(8, 1 / 8)) == pytest.approx(np.log(8))
+
+
+def test_additive_attention_matches_a_torch_loop_over_pairs():
+    q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 2)), rng.normal(size=(2, 5, 3))
+    w_q, w_k, w_score = rng.normal(size=(4, 6)), rng.normal(size=(2, 6)), rng.normal(size=6)
+    t = {name: torch.from_numpy(a) for name, a in dict(q=q, k=k, w_q=w_q, w_k=w_k, w_s=w_score).items()}
+    scores = torch.tensor([[[float(torch.tanh(t["q"][b, i] @ t["w_q"] + t["k"][b, j] @ t["w_k"]) @ t["w_s"])
+                             for j in range(5)] for i in range(3)] for b in range(2)], dtype=torch.float64)
+    weights = torch.softmax(scores, dim=-1).numpy()
+    out, found = variants.additive_attention(q, k, v, w_q, w_k, w_score)
+    np.testing.assert_allclose(found, weights, rtol=1e-12)
+    np.testing.assert_allclose(out, weights @ v, rtol=1e-12)

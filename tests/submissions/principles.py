@@ -5,6 +5,7 @@ correct submission. `loses` names the test cells that must score 0; every other
 autograded cell must get full points."""
 
 ASSIGNMENT = "ch1_principles"
+NOTEBOOK = "principles.ipynb"
 
 SOFTMAX_IGNORES_AXIS = '''
 def softmax(x, axis=-1):
