@@ -1,6 +1,10 @@
 """Small helpers shared by the book's pages. Each is introduced and explained
 on one page (shown there from this source) and imported by the later ones."""
 from bookutils.attention import attention_2d, attention_weights_2d, softmax_row, softmax_rows
+from bookutils.masks import causal_keep, masked_attention_2d
 from bookutils.plotting import weights_heatmap
+from bookutils.positions import sinusoidal_table
 
-__all__ = ["attention_2d", "attention_weights_2d", "softmax_row", "softmax_rows", "weights_heatmap"]
+__all__ = ["attention_2d", "attention_weights_2d", "softmax_row", "softmax_rows", "weights_heatmap",
+           "causal_keep", "masked_attention_2d", "sinusoidal_table"]
+
