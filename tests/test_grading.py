@@ -30,7 +30,7 @@ def paths(assignment):
     return REPO / "solutions" / assignment / notebook, REPO / "exercises" / assignment / notebook
 
 
-def tests_of(assignment):
+def points_per_cell(assignment):
     return graded_test_cells(paths(assignment)[0])
 
 
@@ -79,7 +79,7 @@ def graded(tmp_path_factory):
 
 def cell_scores(assignment, row):
     stem = CLASSES[assignment].NOTEBOOK.removesuffix(".ipynb")
-    return {gid: float(row[f"{stem}:{gid}"]) for gid in tests_of(assignment)}
+    return {gid: float(row[f"{stem}:{gid}"]) for gid in points_per_cell(assignment)}
 
 
 def cases(kind):
@@ -99,7 +99,7 @@ def test_every_submission_has_a_row(graded, assignment):
 @pytest.mark.parametrize("student", ["solutions_as_is", "all_correct"])
 def test_solutions_score_full_marks(graded, assignment, student):
     row = graded(assignment)["rows"][student]
-    tests = tests_of(assignment)
+    tests = points_per_cell(assignment)
     assert row["status"] == "graded", row
     assert cell_scores(assignment, row) == tests, f"{student} lost points: {cell_scores(assignment, row)}"
     assert float(row["max_score"]) == sum(tests.values()) + MANUAL_POINTS
@@ -117,7 +117,7 @@ def test_untouched_exercises_score_zero(graded, assignment):
 
 @pytest.mark.parametrize("assignment, student", cases("CORRECT"))
 def test_correct_answers_in_other_styles_score_full_marks(graded, assignment, student):
-    tests = tests_of(assignment)
+    tests = points_per_cell(assignment)
     scores = cell_scores(assignment, graded(assignment)["rows"][student])
     lost = {gid: s for gid, s in scores.items() if s != tests[gid]}
     assert not lost, f"{student} is correct but lost points in {lost}"
@@ -126,7 +126,7 @@ def test_correct_answers_in_other_styles_score_full_marks(graded, assignment, st
 @pytest.mark.parametrize("assignment, student", cases("BUGGY"))
 def test_planted_mistakes_lose_exactly_their_points(graded, assignment, student):
     _, loses = CLASSES[assignment].BUGGY[student]
-    tests = tests_of(assignment)
+    tests = points_per_cell(assignment)
     assert loses <= set(tests), f"unknown test cells {loses - set(tests)}"
     scores = cell_scores(assignment, graded(assignment)["rows"][student])
     failed = {gid for gid, s in scores.items() if s == 0}
@@ -150,7 +150,7 @@ def test_unreadable_submissions_are_reported_not_fatal(graded, student, reason):
 
 
 def test_hostile_submissions_cost_only_their_own_points(graded):
-    rows, tests = graded("ch1_principles")["rows"], tests_of("ch1_principles")
+    rows, tests = graded("ch1_principles")["rows"], points_per_cell("ch1_principles")
     hang = cell_scores("ch1_principles", rows["hangs_forever"])
     assert hang["test_softmax"] == 0 and hang["test_multi_head_attention"] == 0
     # Cells that do not depend on the hanging cell still score.
