@@ -1,10 +1,14 @@
 """Small helpers shared by the book's pages. Each is introduced and explained
-on one page (shown there from this source) and imported by the later ones."""
+on one page (shown there from this source) and imported by the later ones.
+(bookutils.torch_memory is imported directly where needed, to keep torch out of
+pages that do not use it.)"""
 from bookutils.attention import attention_2d, attention_weights_2d, softmax_row, softmax_rows
+from bookutils.dense import dense_attention
 from bookutils.masks import causal_keep, masked_attention_2d
+from bookutils.measure import best_times, loglog_slope
 from bookutils.plotting import weights_heatmap
 from bookutils.positions import sinusoidal_table
 
 __all__ = ["attention_2d", "attention_weights_2d", "softmax_row", "softmax_rows", "weights_heatmap",
-           "causal_keep", "masked_attention_2d", "sinusoidal_table"]
-
+           "causal_keep", "masked_attention_2d", "sinusoidal_table",
+           "dense_attention", "best_times", "loglog_slope"]

@@ -5,6 +5,7 @@ import nbformat
 import pytest
 
 from autograde.checks import principles as checks
+from autograde.checks import complexity as complexity_checks
 from autograde.checks import variants as variant_checks
 from autograde.compare import GradingFailure
 from autograde.reference import principles as ref
@@ -91,6 +92,13 @@ def test_failure_messages_point_at_the_fix():
     ns = namespace("ch2_variants", {"EncoderLayer": variants.ENCODER_NORM_BEFORE_RESIDUAL})
     with pytest.raises(GradingFailure, match="post-norm.*norm1\\(x \\+ attn\\(x\\)\\)"):
         variant_checks.check_encoder_post_norm(ns["EncoderLayer"])
+    complexity = CLASSES["ch3_complexity"]
+    ns = namespace("ch3_complexity", {"local_attention": complexity.LOCAL_FULL_SCORES})
+    with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
+        complexity_checks.check_local_memory(ns["local_attention"])
+    ns = namespace("ch3_complexity", {"max_chunk_length": complexity.CHUNK_FLOAT})
+    with pytest.raises(GradingFailure, match=r"expected \d+, found \d+\. c = \d+ needs \d+ bytes"):
+        complexity_checks.check_chunk_huge(ns["max_chunk_length"])
 
 
 def test_odd_width_check_needs_a_value_error():

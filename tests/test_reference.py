@@ -130,3 +130,85 @@ def test_additive_attention_matches_a_torch_loop_over_pairs():
     out, found = variants.additive_attention(q, k, v, w_q, w_k, w_score)
     np.testing.assert_allclose(found, weights, rtol=1e-12)
     np.testing.assert_allclose(out, weights @ v, rtol=1e-12)
+
+
+# ---------------------------------------------------------------- Chapter 3
+
+from autograde.memory import traced_peak  # noqa: E402
+from autograde.reference import complexity  # noqa: E402
+
+
+@pytest.mark.parametrize("n, d", [(1, 1), (6, 4), (17, 9)])
+def test_flops_match_pytorchs_flop_counter(n, d):
+    from torch.utils.flop_counter import FlopCounterMode
+
+    x, w = torch.randn(n, d), torch.randn(4, d, d)
+    with FlopCounterMode(display=False) as counter:
+        q, k, v = x @ w[0], x @ w[1], x @ w[2]
+        (torch.softmax(q @ k.T, dim=-1) @ v) @ w[3]
+    assert complexity.attention_flops(n, d) == counter.get_total_flops()
+
+
+def test_activation_bytes_match_array_sizes():
+    n, d, h = 9, 5, 3
+    arrays = [np.zeros((n, d), np.float32) for _ in range(4)] + [np.zeros((h, n, n), np.float32)]
+    assert complexity.attention_activation_bytes(n, d, h, 4) == sum(a.nbytes for a in arrays)
+
+
+def _largest_by_search(budget, d, h, b):
+    need = lambda c: b * (4 * c * d + h * c * c)  # noqa: E731
+    lo, hi = 0, 1
+    while need(hi) <= budget:
+        hi *= 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid)
+    return lo
+
+
+@pytest.mark.parametrize("budget", [28, 29, 1000, 2**30, 10**18 + 1, 10**40 + 12345])
+def test_max_chunk_length_matches_an_exact_search(budget):
+    for d, h, b in [(3, 2, 2), (768, 12, 2), (1, 1, 1)]:
+        expected = _largest_by_search(budget, d, h, b)
+        if expected == 0:
+            with pytest.raises(ValueError):
+                complexity.max_chunk_length(budget, d, h, b)
+        else:
+            assert complexity.max_chunk_length(budget, d, h, b) == expected
+
+
+def test_receptive_field_matches_a_convolution_stack():
+    for layers, width in [(0, 3), (1, 2), (3, 3), (4, 5)]:
+        x = torch.zeros(1, 1, 1)
+        x[0, 0, 0] = 1.0
+        for _ in range(layers):
+            x = F.conv1d(x, torch.ones(1, 1, width), padding=width - 1)
+        assert complexity.receptive_field(layers, width) == int((x != 0).sum())
+
+
+def test_local_attention_matches_torch_with_a_band_mask():
+    n = 11
+    q, k, v = rng.normal(size=(n, 4)), rng.normal(size=(n, 4)), rng.normal(size=(n, 3))
+    for window in (0, 1, 3, 20):
+        band = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) <= window
+        expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)),
+                                                  attn_mask=torch.from_numpy(band))
+        np.testing.assert_allclose(complexity.local_attention(q, k, v, window), expected.numpy(), rtol=1e-10)
+
+
+def test_linear_attention_equals_its_quadratic_form():
+    q, k, v = rng.normal(size=(9, 4)), rng.normal(size=(9, 4)), rng.normal(size=(9, 2))
+    phi_q, phi_k = (F.elu(torch.from_numpy(a)) + 1 for a in (q, k))
+    kernel = (phi_q @ phi_k.T).numpy()
+    np.testing.assert_allclose(complexity.linear_attention(q, k, v), kernel @ v / kernel.sum(1, keepdims=True),
+                               rtol=1e-12)
+
+
+def test_traced_peak_sees_numpy_temporaries():
+    def makes_a_temporary(n):
+        return float(np.ones((n, n)).sum())
+
+    _, small = traced_peak(makes_a_temporary, 100)
+    _, large = traced_peak(makes_a_temporary, 1000)
+    assert 8 * 1000 * 1000 <= large < 2 * 8 * 1000 * 1000
+    assert small < 8 * 1000 * 1000 / 50

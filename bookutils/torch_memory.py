@@ -1,0 +1,39 @@
+"""Following the memory of PyTorch tensors on the CPU (Chapter 3). Kept apart
+from the other helpers so that importing bookutils does not import torch."""
+import weakref
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class TorchTensorBytes(TorchDispatchMode):
+    """Context manager that follows the bytes of the tensors PyTorch operators
+    create while it is active: `live` is what they still hold, `peak` the most
+    they held at any one moment. A result that shares storage with one of the
+    operator's inputs (a view, an in-place update) is not new memory and is
+    not counted."""
+
+    def __init__(self):
+        super().__init__()
+        self.live = self.peak = 0
+        self._held = {}                                   # storage address -> bytes
+
+    def _release(self, address):
+        self.live -= self._held.pop(address)
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
+        existing = {a.untyped_storage().data_ptr() for a in inputs}
+        out = func(*args, **(kwargs or {}))
+        for t in tree_leaves(out):
+            if not isinstance(t, torch.Tensor):
+                continue
+            address = t.untyped_storage().data_ptr()
+            if address in existing or address in self._held:
+                continue
+            self._held[address] = t.untyped_storage().nbytes()
+            self.live += self._held[address]
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(t, self._release, address)   # called when t is freed
+        return out
