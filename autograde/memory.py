@@ -1,20 +1,25 @@
-"""Peak memory of a call, as traced by Python's tracemalloc. NumPy reports its
-array buffers to tracemalloc, so the peak includes every temporary array the
-call creates (inputs allocated before the call are not counted)."""
+"""Peak memory of a call: NumPy's buffers as traced by Python's tracemalloc
+(NumPy reports its allocations to it), plus the PyTorch tensors created during
+the call. Inputs allocated before the call are not counted."""
 import tracemalloc
 
 
 def traced_peak(fn, *args, **kwargs):
-    """(result, peak bytes allocated during fn(*args, **kwargs))."""
+    """(result, peak bytes allocated during fn(*args, **kwargs)). The NumPy and
+    PyTorch peaks are added, an upper bound on the joint peak."""
+    from autograde.torch_memory import TorchTensorBytes, warm_up
+
+    warm_up()  # PyTorch's first dispatch-mode call loads code; keep that out of the peak
     was_tracing = tracemalloc.is_tracing()
     if not was_tracing:
         tracemalloc.start()
     tracemalloc.reset_peak()
     start, _ = tracemalloc.get_traced_memory()
     try:
-        result = fn(*args, **kwargs)
+        with TorchTensorBytes() as tensors:
+            result = fn(*args, **kwargs)
         _, peak = tracemalloc.get_traced_memory()
     finally:
         if not was_tracing:
             tracemalloc.stop()
-    return result, max(peak - start, 0)
+    return result, max(peak - start, 0) + tensors.peak

@@ -1,7 +1,5 @@
 """Small helpers shared by the book's pages. Each is introduced and explained
-on one page (shown there from this source) and imported by the later ones.
-(bookutils.torch_memory is imported directly where needed, to keep torch out of
-pages that do not use it.)"""
+on one page (shown there from this source) and imported by the later ones."""
 from bookutils.attention import attention_2d, attention_weights_2d, softmax_row, softmax_rows
 from bookutils.dense import dense_attention
 from bookutils.masks import causal_keep, masked_attention_2d

@@ -212,3 +212,11 @@ def test_traced_peak_sees_numpy_temporaries():
     _, large = traced_peak(makes_a_temporary, 1000)
     assert 8 * 1000 * 1000 <= large < 2 * 8 * 1000 * 1000
     assert small < 8 * 1000 * 1000 / 50
+
+
+def test_traced_peak_sees_pytorch_tensors_too():
+    def torch_temporary(n):
+        return float((torch.ones(n, n, dtype=torch.float64) * 2).sum())
+
+    _, peak = traced_peak(torch_temporary, 1000)
+    assert 8 * 1000 * 1000 <= peak <= 3 * 8 * 1000 * 1000

@@ -155,6 +155,13 @@ def linear_attention(q, k, v):
     return fq @ (fk.T @ v) / (fq @ fk.sum(axis=0))[:, None]
 '''
 
+LINEAR_TORCH_KERNEL_MATRIX = '''
+def linear_attention(q, k, v):
+    fq, fk = (F.elu(torch.from_numpy(a)) + 1 for a in (q, k))
+    kernel = fq @ fk.T  # Bug: the n x n kernel matrix, as a PyTorch tensor
+    return (kernel @ torch.from_numpy(v) / kernel.sum(dim=1, keepdim=True)).numpy()
+'''
+
 # --- correct answers in other styles: full marks -------------------------------------
 
 STYLE_FLOPS_FACTORED = '''
@@ -289,6 +296,8 @@ BUGGY = {
     "local_full_score_matrix": ({"local_attention": LOCAL_FULL_SCORES}, {"test_local_attention", "test_local_memory"}),
     "local_boolean_band_mask": ({"local_attention": LOCAL_BOOL_MASK}, {"test_local_attention", "test_local_memory"}),
     "linear_kernel_matrix": ({"linear_attention": LINEAR_KERNEL_MATRIX}, {"test_linear_attention", "test_linear_memory"}),
+    # tracemalloc cannot see PyTorch's buffers, so the visible test misses it; the grader does not.
+    "linear_torch_kernel_matrix": ({"linear_attention": LINEAR_TORCH_KERNEL_MATRIX}, {"test_linear_memory"}),
     "linear_relu_features": ({"linear_attention": LINEAR_RELU}, LINEAR_CELLS),
     "linear_elu_without_plus_one": ({"linear_attention": LINEAR_ELU_ONLY}, LINEAR_CELLS),
     "linear_no_normaliser": ({"linear_attention": LINEAR_NO_NORMALISER}, LINEAR_CELLS),

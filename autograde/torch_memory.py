@@ -1,5 +1,7 @@
-"""Following the memory of PyTorch tensors on the CPU (Chapter 3). Kept apart
-from the other helpers so that importing bookutils does not import torch."""
+"""Following the memory of PyTorch tensors on the CPU. PyTorch allocates CPU
+tensors outside Python's allocator, so tracemalloc does not see them; this
+follows them through PyTorch's dispatcher instead. Kept apart from
+autograde.memory so that torch is imported only when needed."""
 import weakref
 
 import torch
@@ -37,3 +39,16 @@ class TorchTensorBytes(TorchDispatchMode):
             self.peak = max(self.peak, self.live)
             weakref.finalize(t, self._release, address)   # called when t is freed
         return out
+
+
+_warm = False
+
+
+def warm_up():
+    """Run one tiny operator under the mode, once: the first use loads code
+    (tens of MB as tracemalloc sees it) that must not count as a peak."""
+    global _warm
+    if not _warm:
+        with TorchTensorBytes():
+            torch.zeros(2) + 1
+        _warm = True
