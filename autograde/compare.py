@@ -80,3 +80,21 @@ def expect_scalar(found, *, what):
 def expect_unchanged(before, after, *, what):
     if not np.array_equal(before, after, equal_nan=True):
         raise GradingFailure(f"{what} modified its input array in place; work on a copy instead.")
+
+
+def expect_sequence(result, length, *, what, names):
+    """A tuple (or list) of `length` items, as in `return a, b`; names says which."""
+    if not (isinstance(result, (tuple, list)) and len(result) == length):
+        raise GradingFailure(f"{what} should return a tuple {names}, but returned {describe(result)}.")
+
+
+def expect_value_error(fn, *args, what, reason):
+    """fn(*args) must raise ValueError (or a subclass) because of `reason`."""
+    try:
+        found = fn(*args)
+    except ValueError:
+        return
+    except Exception as exc:  # any other exception is the wrong answer, not a crash
+        raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
+                             f"{type(exc).__name__}: {exc}") from None
+    raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {describe(found)}.")

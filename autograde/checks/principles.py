@@ -6,6 +6,7 @@ from autograde.compare import (
     call,
     expect_close,
     expect_scalar,
+    expect_sequence,
     expect_unchanged,
 )
 from autograde.reference import principles as ref
@@ -15,11 +16,6 @@ RNG_SEED = 20260
 
 def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
-
-
-def _is_pair(result):
-    """A tuple of two, or a list of two: both unpack like the spec's tuple."""
-    return isinstance(result, (tuple, list)) and len(result) == 2
 
 
 # ---------------------------------------------------------------- softmax
@@ -107,9 +103,7 @@ def check_sdpa_batched_and_masked(scaled_dot_product_attention):
         inputs = [a.copy() for a in (q, k, v)]
         what = f"scaled_dot_product_attention with {label}"
         result = call(scaled_dot_product_attention, q, k, v, mask=mask, what=what)
-        if not _is_pair(result):
-            raise GradingFailure(f"{what} should return a tuple (output, weights), "
-                                 f"but returned {type(result).__name__}.")
+        expect_sequence(result, 2, what=what, names="(output, weights)")
         for before, after in zip(inputs, (q, k, v)):
             expect_unchanged(before, after, what=what)
         out, weights = result
@@ -129,8 +123,7 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
         v = rng.normal(size=(2, 6, 3))
         what = f"scaled_dot_product_attention with query/key entries of size about {scale:g}"
         result = call(scaled_dot_product_attention, q, k, v, what=what)
-        if not _is_pair(result):
-            raise GradingFailure(f"{what} should return a tuple (output, weights).")
+        expect_sequence(result, 2, what=what, names="(output, weights)")
         ref_out, ref_weights = ref.scaled_dot_product_attention(q, k, v)
         expect_close(result[1], ref_weights, what=f"the weights from {what}",
                      hint="Use a numerically stable softmax (subtract the row maximum).")
@@ -162,8 +155,7 @@ def check_dot_product_variance(dot_product_variance):
     for d_k in (1, 2, 8, 32, 128, 512):
         what = f"dot_product_variance(d_k={d_k}, n_pairs={n_pairs}, rng)"
         result = call(dot_product_variance, d_k, n_pairs, np.random.default_rng(d_k), what=what)
-        if not _is_pair(result):
-            raise GradingFailure(f"{what} should return a tuple (raw_variance, scaled_variance).")
+        expect_sequence(result, 2, what=what, names="(raw_variance, scaled_variance)")
         raw = expect_scalar(result[0], what=f"the raw variance from {what}")
         scaled = expect_scalar(result[1], what=f"the scaled variance from {what}")
         # 10% is more than five standard errors of the sample variance here.

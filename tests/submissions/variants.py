@@ -204,7 +204,7 @@ def additive_attention(q, k, v, w_q, w_k, w_score):
 
 # --- encoder layer ------------------------------------------------------------------
 
-_ENCODER_HEAD = '''
+_ENCODER_INIT = '''
 class EncoderLayer(torch.nn.Module):
     def __init__(self, d_model, num_heads, d_ff, norm_first=False):
         super().__init__()
@@ -218,7 +218,9 @@ class EncoderLayer(torch.nn.Module):
         self.ff2 = torch.nn.Linear(d_ff, d_model)
         self.norm1 = torch.nn.LayerNorm(d_model)
         self.norm2 = torch.nn.LayerNorm(d_model)
+'''
 
+_ENCODER_HEAD = _ENCODER_INIT + '''
     def attn(self, x, scale_width=None):
         b, n, d = x.shape
         h = self.num_heads
@@ -384,21 +386,7 @@ def additive_attention(q, k, v, w_q, w_k, w_score):
     return np.einsum("...qk,...kv->...qv", weights, v), weights
 '''
 
-STYLE_ENCODER_SDPA = '''
-class EncoderLayer(torch.nn.Module):
-    def __init__(self, d_model, num_heads, d_ff, norm_first=False):
-        super().__init__()
-        self.num_heads = num_heads
-        self.norm_first = norm_first
-        self.w_q = torch.nn.Linear(d_model, d_model)
-        self.w_k = torch.nn.Linear(d_model, d_model)
-        self.w_v = torch.nn.Linear(d_model, d_model)
-        self.w_o = torch.nn.Linear(d_model, d_model)
-        self.ff1 = torch.nn.Linear(d_model, d_ff)
-        self.ff2 = torch.nn.Linear(d_ff, d_model)
-        self.norm1 = torch.nn.LayerNorm(d_model)
-        self.norm2 = torch.nn.LayerNorm(d_model)
-
+STYLE_ENCODER_SDPA = _ENCODER_INIT + '''
     def _sa(self, x):
         b, n, d = x.shape
         q, k, v = (w(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
