@@ -82,6 +82,18 @@ def expect_unchanged(before, after, *, what):
         raise GradingFailure(f"{what} modified its input array in place; work on a copy instead.")
 
 
+def call_unchanged(fn, *args, what, **kwargs):
+    """call(), then check that no array among the positional arguments was
+    modified in place. The arguments are therefore safe to reuse afterwards,
+    for the reference."""
+    before = [a.copy() if isinstance(a, np.ndarray) else None for a in args]
+    result = call(fn, *args, what=what, **kwargs)
+    for b, a in zip(before, args):
+        if b is not None:
+            expect_unchanged(b, a, what=what)
+    return result
+
+
 def expect_sequence(result, length, *, what, names):
     """A tuple (or list) of `length` items, as in `return a, b`; names says which."""
     if not (isinstance(result, (tuple, list)) and len(result) == length):

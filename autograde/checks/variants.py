@@ -4,10 +4,10 @@ import numpy as np
 from autograde.compare import (
     GradingFailure,
     call,
+    call_unchanged,
     describe,
     expect_close,
     expect_sequence,
-    expect_unchanged,
     expect_value_error,
 )
 from autograde.reference import variants as ref
@@ -65,12 +65,9 @@ def _cross_inputs(rng, n_dec, n_enc, d_dec, d_enc, d_k, d_v, scale=1.0):
 
 
 def _check_cross(cross_attention, inputs, label, hint):
-    before = [a.copy() for a in inputs]
     what = f"cross_attention with {label}"
-    found = call(cross_attention, *inputs, what=what)
-    for b, a in zip(before, inputs):
-        expect_unchanged(b, a, what=what)
-    expect_close(found, ref.cross_attention(*before), what=what, hint=hint)
+    found = call_unchanged(cross_attention, *inputs, what=what)
+    expect_close(found, ref.cross_attention(*inputs), what=what, hint=hint)
 
 
 def check_cross_attention_shapes(cross_attention):
@@ -102,14 +99,11 @@ def _decoder_weights(rng, d_model, d_k, d_v):
 
 
 def _check_step(decode_step, x_t, cache_k, cache_v, weights, label):
-    before = [a.copy() for a in (x_t, cache_k, cache_v, *weights)]
     what = f"decode_step with {label}"
-    result = call(decode_step, x_t, cache_k, cache_v, *weights, what=what)
+    result = call_unchanged(decode_step, x_t, cache_k, cache_v, *weights, what=what)
     expect_sequence(result, 3, what=what, names="(output_t, cache_k, cache_v)")
-    for b, a in zip(before, (x_t, cache_k, cache_v, *weights)):
-        expect_unchanged(b, a, what=what)
     out, new_k, new_v = result
-    ref_out, ref_k, ref_v = ref.decode_step(*before)
+    ref_out, ref_k, ref_v = ref.decode_step(x_t, cache_k, cache_v, *weights)
     expect_close(new_k, ref_k, what=f"the key cache returned by {what}",
                  hint="Return the old key cache with x_t @ w_k appended as one new last row; "
                       "keep the old rows as they are.")
@@ -146,7 +140,6 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
     for n, d_model, d_k, d_v in [(1, 4, 3, 2), (2, 3, 3, 3), (7, 6, 4, 5), (12, 5, 8, 2), (20, 8, 8, 8)]:
         x = rng.normal(size=(n, d_model))
         weights = _decoder_weights(rng, d_model, d_k, d_v)
-        before = [a.copy() for a in (x, *weights)]
         what = f"decode_with_kv_cache for x of shape {x.shape}, d_k={d_k}, d_v={d_v}"
         calls = []
         if callable(step):
@@ -155,13 +148,11 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
                 return step(x_t, cache_k, cache_v, *args, **kwargs)
             namespace["decode_step"] = counting_step
         try:
-            found = call(decode_with_kv_cache, x, *weights, what=what)
+            found = call_unchanged(decode_with_kv_cache, x, *weights, what=what)
         finally:
             if callable(step):
                 namespace["decode_step"] = step
-        for b, a in zip(before, (x, *weights)):
-            expect_unchanged(b, a, what=what)
-        expect_close(found, ref.causal_self_attention(*before), what=what,
+        expect_close(found, ref.causal_self_attention(x, *weights), what=what,
                      hint="Token t's output attends to the keys of tokens 0..t, itself included.")
         expected_calls = [((d_model,), (t, d_k), (t, d_v)) for t in range(n)]
         if calls != expected_calls:
@@ -178,11 +169,9 @@ def _softmax_rows(rng, shape, scale):
 
 
 def _check_entropy(attention_entropy, weights, label, hint=""):
-    before = weights.copy()
     what = f"attention_entropy for {label}"
-    found = call(attention_entropy, weights, what=what)
-    expect_unchanged(before, weights, what=what)
-    expect_close(found, ref.attention_entropy(before), what=what, hint=hint)
+    found = call_unchanged(attention_entropy, weights, what=what)
+    expect_close(found, ref.attention_entropy(weights), what=what, hint=hint)
 
 
 def check_entropy_batched(attention_entropy):
@@ -223,13 +212,10 @@ def _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v, score_scale=1.0):
 
 
 def _check_additive(additive_attention, inputs, label, hint):
-    before = [a.copy() for a in inputs]
     what = f"additive_attention with {label}"
-    result = call(additive_attention, *inputs, what=what)
+    result = call_unchanged(additive_attention, *inputs, what=what)
     expect_sequence(result, 2, what=what, names="(output, weights)")
-    for b, a in zip(before, inputs):
-        expect_unchanged(b, a, what=what)
-    ref_out, ref_weights = ref.additive_attention(*before)
+    ref_out, ref_weights = ref.additive_attention(*inputs)
     expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
     expect_close(result[0], ref_out, what=f"the output from {what}")
 
