@@ -25,8 +25,10 @@ class TorchTensorBytes(TorchDispatchMode):
         self.live -= self._held.pop(address)
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        inputs = [a for a in tree_leaves((args, kwargs)) if isinstance(a, torch.Tensor)]
-        existing = {a.untyped_storage().data_ptr() for a in inputs}
+        leaves = tree_leaves((args, kwargs))
+        # A storage passed in directly (Tensor.set_, as Triton's interpreter does) is not new memory either.
+        existing = {a.untyped_storage().data_ptr() for a in leaves if isinstance(a, torch.Tensor)}
+        existing |= {a.data_ptr() for a in leaves if isinstance(a, torch.UntypedStorage)}
         out = func(*args, **(kwargs or {}))
         for t in tree_leaves(out):
             if not isinstance(t, torch.Tensor):

@@ -12,6 +12,12 @@ sys.path.insert(0, str(REPO))  # autograde, and tests.* helpers
 # non-interactive backend would drop every figure from the built pages.
 os.environ.pop("MPLBACKEND", None)
 
+# Without a GPU, Triton kernels defined in this process run in Triton's interpreter.
+# (Set before anything defines a kernel; notebooks' kernels decide for themselves.)
+from autograde.triton_env import triton_device  # noqa: E402
+
+triton_device(quiet=True)
+
 
 def run(cmd, cwd=REPO, timeout=1800, env=None):
     """Run a command, returning the CompletedProcess; output is kept for messages."""

@@ -1,6 +1,8 @@
 """The hidden checks, run in-process: they accept the references and correct
 answers in other styles, and reject planted mistakes with messages a student
 can act on. (test_grading runs the same through nbgrader.)"""
+import linecache
+
 import nbformat
 import pytest
 
@@ -22,6 +24,14 @@ def source(assignment):
 CHECKS = {assignment: hidden_checks(source(assignment)) for assignment in CLASSES}
 
 
+def run_cell(code, ns, label):
+    """exec() a cell's code as Jupyter would: with its source in linecache, so
+    that inspect.getsource (which @triton.jit needs) finds it."""
+    filename = f"<cell {label}-{len(linecache.cache)}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    exec(compile(code, filename, "exec"), ns)
+
+
 def namespace(assignment, overrides):
     """A student's functions as the notebook defines them: the setup cell, then
     every solution cell's code, with `overrides` (grade_id -> code) in place of
@@ -30,9 +40,9 @@ def namespace(assignment, overrides):
     for cell in nbformat.read(source(assignment), as_version=4).cells:
         meta = nbgrader_meta(cell)
         if meta.get("grade_id") == "setup":
-            exec(cell.source, ns)
+            run_cell(cell.source, ns, "setup")
         elif meta.get("solution") and cell.cell_type == "code":
-            exec(overrides.get(meta["grade_id"], solution_code(cell)), ns)
+            run_cell(overrides.get(meta["grade_id"], solution_code(cell)), ns, meta["grade_id"])
     return ns
 
 

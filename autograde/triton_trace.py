@@ -1,0 +1,103 @@
+"""Watching Triton kernels run: how many launches, and, under the interpreter
+(TRITON_INTERPRET=1), how many bytes each kernel loads from and stores to memory.
+
+The interpreter executes every tl.load / tl.store through one builder object;
+wrapping its masked load and store counts exactly the elements a kernel moves
+(masked-off lanes move nothing). On a GPU only launches are counted."""
+import collections
+import contextlib
+import os
+
+import numpy as np
+
+
+def interpreting():
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+class KernelTrace:
+    """Counts per kernel name: launches, bytes loaded, bytes stored."""
+
+    def __init__(self):
+        self.launches = collections.Counter()
+        self.loaded = collections.Counter()
+        self.stored = collections.Counter()
+        self._current = None
+
+    @property
+    def total_launches(self):
+        return sum(self.launches.values())
+
+    @property
+    def bytes_loaded(self):
+        return sum(self.loaded.values())
+
+    @property
+    def bytes_stored(self):
+        return sum(self.stored.values())
+
+    @property
+    def bytes_moved(self):
+        return self.bytes_loaded + self.bytes_stored
+
+
+def _moved_bytes(mask, data):
+    return int(np.count_nonzero(mask)) * np.asarray(data).dtype.itemsize
+
+
+@contextlib.contextmanager
+def trace_kernels():
+    """Context manager yielding a KernelTrace filled in while it is active."""
+    import triton.runtime.jit as jit
+
+    trace = KernelTrace()
+    patches = []
+
+    def patch(owner, name, wrapper):
+        original = getattr(owner, name)
+        setattr(owner, name, wrapper(original))
+        patches.append((owner, name, original))
+
+    if interpreting():
+        from triton.runtime import interpreter
+
+        def launch(original):
+            def run(self, *args, **kwargs):
+                trace.launches[self.fn.__name__] += 1
+                outer, trace._current = trace._current, self.fn.__name__
+                try:
+                    return original(self, *args, **kwargs)
+                finally:
+                    trace._current = outer
+            return run
+
+        def load(original):
+            def masked_load(self, ptrs, mask, other, *rest):
+                result = original(self, ptrs, mask, other, *rest)
+                trace.loaded[trace._current] += _moved_bytes(mask.data, result.data)
+                return result
+            return masked_load
+
+        def store(original):
+            def masked_store(self, ptrs, value, mask, *rest):
+                trace.stored[trace._current] += _moved_bytes(mask.data, value.data)
+                return original(self, ptrs, value, mask, *rest)
+            return masked_store
+
+        patch(interpreter.GridExecutor, "__call__", launch)
+        patch(interpreter.InterpreterBuilder, "create_masked_load", load)
+        patch(interpreter.InterpreterBuilder, "create_masked_store", store)
+    else:
+        def compiled_launch(original):
+            def run(self, *args, **kwargs):
+                if not kwargs.get("warmup", False):
+                    trace.launches[self.fn.__name__] += 1
+                return original(self, *args, **kwargs)
+            return run
+
+        patch(jit.JITFunction, "run", compiled_launch)
+    try:
+        yield trace
+    finally:
+        for owner, name, original in reversed(patches):
+            setattr(owner, name, original)

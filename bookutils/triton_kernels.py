@@ -1,0 +1,121 @@
+"""The Triton kernels of Chapter 4: standard attention as three kernels that pass
+S and P through memory, and the fused FlashAttention forward kernel. Tensors are
+(batch, heads, n, d); on a machine without a GPU they run under Triton's
+interpreter (TRITON_INTERPRET=1, set by autograde.triton_env)."""
+import math
+
+import torch
+
+from autograde.triton_env import triton_device
+
+DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
+
+
+# ---------------------------------------------------------------- standard attention, three kernels
+
+@triton.jit
+def _scores_kernel(Q, K, S, n, d, scale, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr):
+    """S[bh, rows, :] = scale * Q K^T for one block of rows, written to memory."""
+    row_block, bh = tl.program_id(0), tl.program_id(1)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD)
+    q = tl.load(Q + bh * n * d + rows[:, None] * d + dims[None, :], mask=(rows[:, None] < n) & (dims[None, :] < d))
+    for col_start in range(0, n, BLOCK_N):
+        cols = col_start + tl.arange(0, BLOCK_N)
+        k = tl.load(K + bh * n * d + cols[:, None] * d + dims[None, :], mask=(cols[:, None] < n) & (dims[None, :] < d))
+        s = tl.dot(q, tl.trans(k)) * scale
+        tl.store(S + bh * n * n + rows[:, None] * n + cols[None, :], s, mask=(rows[:, None] < n) & (cols[None, :] < n))
+
+
+@triton.jit
+def _softmax_kernel(S, P, n, ROW: tl.constexpr):
+    """P = softmax(S) one row per program: read a row of S, write a row of P."""
+    row = tl.program_id(0)
+    cols = tl.arange(0, ROW)
+    s = tl.load(S + row * n + cols, mask=cols < n, other=-float("inf"))
+    e = tl.exp(s - tl.max(s, axis=0))
+    tl.store(P + row * n + cols, e / tl.sum(e, axis=0), mask=cols < n)
+
+
+@triton.jit
+def _weighted_sum_kernel(P, V, O, n, d, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr):
+    """O = P V for one block of rows, reading P back from memory."""
+    row_block, bh = tl.program_id(0), tl.program_id(1)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD)
+    acc = tl.zeros((BLOCK_M, HEAD), dtype=tl.float32)
+    for col_start in range(0, n, BLOCK_N):
+        cols = col_start + tl.arange(0, BLOCK_N)
+        p = tl.load(P + bh * n * n + rows[:, None] * n + cols[None, :], mask=(rows[:, None] < n) & (cols[None, :] < n), other=0.0)
+        v = tl.load(V + bh * n * d + cols[:, None] * d + dims[None, :], mask=(cols[:, None] < n) & (dims[None, :] < d), other=0.0)
+        acc += tl.dot(p.to(v.dtype), v)          # tl.dot needs operands of one dtype (P is float32)
+    tl.store(O + bh * n * d + rows[:, None] * d + dims[None, :], acc, mask=(rows[:, None] < n) & (dims[None, :] < d))
+
+
+def standard_attention(q, k, v, block_m=32, block_n=32):
+    """softmax(QK^T / sqrt(d)) V with S and P stored in memory between kernels."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    batch, heads, n, d = q.shape
+    head = max(16, triton.next_power_of_2(d))
+    s = torch.empty(batch * heads, n, n, device=q.device, dtype=torch.float32)
+    p = torch.empty_like(s)
+    o = torch.empty_like(q)
+    grid = (triton.cdiv(n, block_m), batch * heads)
+    _scores_kernel[grid](q, k, s, n, d, 1.0 / math.sqrt(d), BLOCK_M=block_m, BLOCK_N=block_n, HEAD=head)
+    _softmax_kernel[(batch * heads * n,)](s, p, n, ROW=triton.next_power_of_2(n))
+    _weighted_sum_kernel[grid](p, v, o, n, d, BLOCK_M=block_m, BLOCK_N=block_n, HEAD=head)
+    return o
+
+
+# ---------------------------------------------------------------- FlashAttention forward, one kernel
+
+@triton.jit
+def _flash_forward_kernel(Q, K, V, O, LSE, n, d, scale,
+                          BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HEAD: tl.constexpr, CAUSAL: tl.constexpr):
+    """One program = one block of BLOCK_M queries of one (batch, head). It streams
+    K and V in blocks of BLOCK_N, keeping the running max m, running sum l and the
+    unnormalised output acc on chip; only O and the log-sum-exp go back to memory."""
+    row_block, bh = tl.program_id(0), tl.program_id(1)
+    rows = row_block * BLOCK_M + tl.arange(0, BLOCK_M)
+    dims = tl.arange(0, HEAD)
+    head_offset = bh * n * d
+    q = tl.load(Q + head_offset + rows[:, None] * d + dims[None, :], mask=(rows[:, None] < n) & (dims[None, :] < d), other=0.0)
+    m = tl.full((BLOCK_M,), -float("inf"), dtype=tl.float32)
+    l = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD), dtype=tl.float32)
+    # Causal: key blocks that start after this block's last query are all masked; skip them.
+    end = tl.minimum(n, (row_block + 1) * BLOCK_M) if CAUSAL else n
+    for col_start in range(0, end, BLOCK_N):
+        cols = col_start + tl.arange(0, BLOCK_N)
+        kv_mask = (cols[:, None] < n) & (dims[None, :] < d)
+        k = tl.load(K + head_offset + cols[:, None] * d + dims[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(V + head_offset + cols[:, None] * d + dims[None, :], mask=kv_mask, other=0.0)
+        s = tl.dot(q, tl.trans(k)) * scale
+        keep = cols[None, :] < n
+        if CAUSAL:
+            keep = keep & (cols[None, :] <= rows[:, None])
+        s = tl.where(keep, s, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        alpha = tl.exp(m - m_new)                  # rescales what was summed under the old max
+        p = tl.exp(s - m_new[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v)
+        m = m_new
+    tl.store(O + head_offset + rows[:, None] * d + dims[None, :], acc / l[:, None], mask=(rows[:, None] < n) & (dims[None, :] < d))
+    tl.store(LSE + bh * n + rows, m + tl.log(l), mask=rows < n)
+
+
+def flash_forward(q, k, v, causal=False, sm_scale=None, block_m=32, block_n=32):
+    """(O, logsumexp) for (batch, heads, n, d) tensors, by the fused tiled kernel."""
+    q, k, v = (t.contiguous() for t in (q, k, v))
+    batch, heads, n, d = q.shape
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    o = torch.empty_like(q)
+    lse = torch.empty(batch, heads, n, device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(n, block_m), batch * heads)
+    _flash_forward_kernel[grid](q, k, v, o, lse, n, d, scale, BLOCK_M=block_m, BLOCK_N=block_n,
+                                HEAD=max(16, triton.next_power_of_2(d)), CAUSAL=causal)
+    return o, lse

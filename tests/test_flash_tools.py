@@ -1,0 +1,166 @@
+"""Chapter 4's instructor tools: the references agree with PyTorch, the IO model
+agrees with bytes counted in Triton's interpreter, the kernel tracer counts
+exactly and cleans up, and the memory tracker is not fooled by Triton's
+interpreter re-wrapping its inputs. Kernels run in the interpreter here (set by
+conftest when there is no GPU), and natively on a GPU."""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from autograde.memory import traced_peak
+from autograde.reference import flash as ref
+from autograde.torch_memory import TorchTensorBytes
+from autograde.triton_env import triton_device
+from autograde.triton_trace import interpreting, trace_kernels
+from tests.conftest import REPO
+
+DEVICE = triton_device(quiet=True)
+rng = np.random.default_rng(4)
+needs_interpreter = pytest.mark.skipif(DEVICE == "cuda", reason="byte counts come from Triton's interpreter")
+
+
+def torch_attention(q, k, v, causal=False, scale=None):
+    return F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)), is_causal=causal,
+                                          scale=scale).numpy()
+
+
+@pytest.mark.parametrize("shape, block", [((9,), 2), ((3, 16), 5), ((2, 3, 7), 7), ((4, 5), 100)])
+def test_online_stats_equal_the_direct_max_and_sum(shape, block):
+    x = rng.normal(scale=50, size=shape)
+    x[..., 0] = -np.inf
+    m, l = ref.online_softmax_stats(x, block)
+    np.testing.assert_array_equal(m, x.max(axis=-1))
+    np.testing.assert_allclose(np.log(l) + m, torch.logsumexp(torch.from_numpy(x), -1).numpy(), rtol=1e-13)
+
+
+def test_online_stats_of_a_fully_masked_row_are_minus_infinity_and_zero():
+    m, l = ref.online_softmax_stats(np.full((2, 6), -np.inf), 4)
+    assert np.all(m == -np.inf) and np.all(l == 0.0)
+
+
+@pytest.mark.parametrize("lead, n, d, bm, bn, causal", [((), 10, 4, 3, 4, False), ((2,), 17, 8, 16, 5, True),
+                                                         ((2, 3), 1, 2, 4, 4, True), ((), 33, 16, 32, 32, False)])
+def test_tiled_reference_matches_torch_sdpa(lead, n, d, bm, bn, causal):
+    q, k, v = (rng.normal(size=lead + (n, d)) for _ in range(3))
+    np.testing.assert_allclose(ref.tiled_attention(q, k, v, bm, bn, causal), torch_attention(q, k, v, causal),
+                               rtol=1e-10, atol=1e-12)
+
+
+def test_lse_reference_matches_torch_logsumexp():
+    q, k, v = (rng.normal(size=(2, 12, 8)) for _ in range(3))
+    out, lse = ref.attention_with_lse(q, k, v, causal=True, sm_scale=0.3)
+    s = torch.from_numpy(q @ k.transpose(0, 2, 1) * 0.3).masked_fill(torch.ones(12, 12, dtype=torch.bool).triu(1),
+                                                                     float("-inf"))
+    np.testing.assert_allclose(lse, torch.logsumexp(s, -1).numpy(), rtol=1e-12)
+    np.testing.assert_allclose(out, torch_attention(q, k, v, True, 0.3), rtol=1e-10, atol=1e-12)
+
+
+def test_standard_traffic_counts_each_matrix_read_or_written():
+    n, d = 7, 3
+    sizes = {"Q": n * d, "K": n * d, "V": n * d, "O": n * d, "S": n * n, "P": n * n}
+    moved = ["Q", "K", "S", "S", "P", "P", "V", "O"]   # read Q, K; write S; read S; write P; read P, V; write O
+    assert ref.hbm_traffic_standard(n, d) == sum(sizes[m] for m in moved)
+
+
+@needs_interpreter
+@pytest.mark.parametrize("n, block", [(64, 32), (100, 32), (50, 16)])
+def test_io_model_equals_bytes_counted_in_the_interpreter(n, block):
+    """The chapter's kernels, traced: the fused kernel moves the model's elements
+    plus n for the log-sum-exp; the three-kernel version moves exactly 4n^2 more."""
+    from bookutils.triton_kernels import flash_forward, standard_attention
+
+    d = 16
+    q, k, v = (torch.randn(1, 1, n, d) for _ in range(3))
+    with trace_kernels() as fused:
+        flash_forward(q, k, v, block_m=block, block_n=block)
+    with trace_kernels() as staged:
+        standard_attention(q, k, v, block_m=block, block_n=block)
+    assert fused.bytes_moved // 4 == ref.hbm_traffic_flash(n, d, block) + n
+    assert staged.bytes_moved // 4 - fused.bytes_moved // 4 == 4 * n * n - n
+    assert dict(fused.launches) == {"_flash_forward_kernel": 1}
+    assert sum(staged.launches.values()) == 3
+
+
+@needs_interpreter
+def test_tracer_counts_masked_lanes_only_and_restores_the_interpreter():
+    import triton
+    from triton.runtime import interpreter
+
+    original = interpreter.InterpreterBuilder.create_masked_load
+    n, block = 1000, 128
+    x, y, o = torch.randn(n), torch.randn(n), torch.empty(n)
+    with trace_kernels() as trace:
+        _add_kernel[(triton.cdiv(n, block),)](x, y, o, n, BLOCK=block)
+    torch.testing.assert_close(o, x + y)
+    assert (trace.bytes_loaded, trace.bytes_stored) == (2 * n * 4, n * 4)
+    assert trace.launches["_add_kernel"] == 1
+    assert interpreter.InterpreterBuilder.create_masked_load is original
+
+
+def _define_add_kernel():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _add_kernel(x_ptr, y_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(o_ptr + offsets, tl.load(x_ptr + offsets, mask=mask) + tl.load(y_ptr + offsets, mask=mask), mask=mask)
+
+    return _add_kernel
+
+
+_add_kernel = _define_add_kernel()
+
+
+def test_tensor_tracker_does_not_count_a_view_onto_an_existing_storage():
+    """Triton's interpreter re-wraps each input with Tensor.set_(storage): no new memory."""
+    x = torch.randn(10_000)
+    with TorchTensorBytes() as seen:
+        alias = x.new_empty(0).set_(x.untyped_storage(), 0, x.size(), x.stride())
+        fresh = torch.empty(1000)
+    assert seen.peak == fresh.nbytes
+    del alias
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_book_kernel_matches_the_reference_and_its_memory_does_not_grow_with_n(causal):
+    from bookutils.triton_kernels import flash_forward
+
+    q, k, v = (torch.randn(2, 2, 45, 32) for _ in range(3))
+    out, lse = flash_forward(*(t.to(DEVICE) for t in (q, k, v)), causal=causal)
+    ref_out, ref_lse = ref.attention_with_lse(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal)
+    tol = 1e-5 if DEVICE == "cpu" else 2e-2
+    np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=tol)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=tol)
+    if DEVICE == "cpu":
+        beyond_output = []
+        for n in (128, 512):
+            x = torch.randn(1, 1, n, 16)
+            flash_forward(x, x, x)            # the first call at a size loads code and fills caches
+            _, peak = traced_peak(flash_forward, x, x, x)
+            beyond_output.append(peak - n * 16 * 4 - n * 4)
+        assert beyond_output[1] < 1.2 * beyond_output[0] + 2**14, beyond_output
+
+
+def test_benchmark_command_prints_the_table_for_this_machine():
+    proc = subprocess.run([sys.executable, "-m", "bookutils.benchmark"], cwd=REPO, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    if DEVICE == "cuda":
+        assert "TFLOP/s" in proc.stdout and "SDPA, FLASH_ATTENTION backend" in proc.stdout
+    else:
+        assert "No GPU" in proc.stdout
+        rows = [line.split() for line in proc.stdout.splitlines() if line.strip().startswith(("Triton", "naive"))]
+        kernel = {int(r[-3]): float(r[-2]) for r in rows if r[0] == "Triton"}
+        naive = {int(r[-3]): float(r[-2]) for r in rows if r[0] == "naive"}
+        largest = max(kernel)
+        assert kernel[largest] < naive[largest] / 2, proc.stdout
+
+
+def test_interpreter_is_chosen_exactly_when_there_is_no_gpu():
+    assert interpreting() == (not torch.cuda.is_available())
