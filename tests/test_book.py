@@ -2,39 +2,9 @@
 cell runs, every page of the table of contents is built, and nothing in the
 built site gives away a solution or a hidden test."""
 import re
-import shutil
 
-import pytest
-import yaml
-
-from tests.conftest import REPO, run
+from tests.conftest import toc_files
 from tests.leaks import find_leaks
-
-
-def toc_files():
-    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections"))
-            walk(entry.get("chapters"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    return files
-
-
-@pytest.fixture(scope="module")
-def site(tmp_path_factory):
-    out = tmp_path_factory.mktemp("site")
-    proc = run([shutil.which("jupyter-book") or "jupyter-book", "build", str(REPO), "--builder", "html",
-                "-W", "-n", "--keep-going", "--path-output", str(out)])
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"jupyter-book build failed:\n{log[-6000:]}"
-    return out / "_build", log
 
 
 def test_build_succeeds_without_warnings(site):
@@ -61,7 +31,8 @@ def test_figures_have_alt_text(site):
     build, _ = site
     images = 0
     for page in toc_files():
-        for tag in re.findall(r"<img [^>]*>", (build / "html" / f"{page}.html").read_text()):
+        # Figures the pages draw land in _images/; the theme's icons carry their own short alt text.
+        for tag in re.findall(r"<img [^>]*_images/[^>]*>", (build / "html" / f"{page}.html").read_text()):
             images += 1
             alt = re.search(r'alt="([^"]*)"', tag)
             assert alt and len(alt.group(1)) > 20, f"{page}: image without a real alt text: {tag[:120]}"
