@@ -79,7 +79,10 @@ class Visit:
 
 def has_math(page):
     source = next((REPO / page).parent.glob(f"{(REPO / page).name}.*"))
-    return source.suffix == ".md" and ("$" in source.read_text())
+    if source.suffix == ".ipynb":
+        cells = nbformat.read(source, as_version=4).cells
+        return any("$" in c.source for c in cells if c.cell_type == "markdown")
+    return "$" in source.read_text()
 
 
 def visible_text_outside_code(page):
@@ -108,6 +111,20 @@ def test_page_loads_cleanly_and_renders_its_math(browser, server, page):
         assert missing_alt == 0, f"{page}: {missing_alt} images without alt text"
     finally:
         visit.close()
+
+
+def test_chapter_page_has_copy_buttons_navigation_and_outputs(browser, server):
+    visit = Visit(browser, server, f"{CHAPTER}.html")
+    try:
+        code_cells = visit.page.locator("div.cell div.highlight pre").count()
+        copy_buttons = visit.page.locator("button.copybtn").count()
+        outputs = visit.page.locator("div.cell_output").count()
+        next_link = visit.page.locator(".prev-next-area a.right-next").count()
+        previous_link = visit.page.locator(".prev-next-area a.left-prev").count()
+    finally:
+        visit.close()
+    assert code_cells > 3 and copy_buttons >= code_cells and outputs > 0
+    assert next_link == 1 and previous_link == 1
 
 
 def _status(url):
