@@ -186,7 +186,9 @@ def _tolerances(dtype):
     """float32: the interpreter's products are exact float32 (rtol 1e-4 leaves room for
     a different summation order). float16/bfloat16 on a GPU: P is rounded to the input
     type before P @ V, an error of about one unit in the last place of 2^-11 (fp16)
-    or 2^-8 (bf16) relative to outputs of size about 1."""
+    or 2^-8 (bf16) relative to outputs of size about 1. TF32 does not arise: on a GPU
+    the inputs are 16-bit, and tl.dot on 16-bit operands multiplies exactly and
+    accumulates in float32, whatever input_precision says."""
     import torch
 
     return {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}[dtype]
@@ -268,9 +270,16 @@ def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, d
 
 
 def check_flash_output(flash_attention):
-    """Non-causal, N a multiple of 16, 32 and 64 (so no ragged block), every head dim 16-128, batch and heads."""
+    """Non-causal, N a multiple of 16, 32 and 64 (so no ragged block), every head dim 16-128, batch and heads.
+    On a GPU also bfloat16 (the interpreter has no bfloat16 arithmetic, so not on the CPU)."""
+    import torch
+
+    from autograde.triton_env import triton_device
+
     for i, shape in enumerate([(1, 1, 64, 16), (1, 2, 64, 32), (2, 1, 128, 64), (1, 1, 64, 128), (2, 2, 64, 16)]):
         _check_flash(flash_attention, shape, seed=100 + i)
+    if triton_device(quiet=True) == "cuda":
+        _check_flash(flash_attention, (2, 2, 128, 64), seed=150, dtype=torch.bfloat16)
 
 
 def check_flash_ragged(flash_attention):
