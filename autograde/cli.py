@@ -31,7 +31,8 @@ def main(argv=None):
 
     grd = sub.add_parser("grade", help="autograde a folder of submissions and write grades.csv and feedback")
     grd.add_argument("assignment", help="assignment name, a folder of solutions/ (e.g. ch1_principles)")
-    grd.add_argument("submissions", help="folder in nbgrader's layout: <student>/<assignment>/*.ipynb")
+    grd.add_argument("submissions", help="folder in nbgrader's layout, <student>/<assignment>/*.ipynb, or a zip "
+                                         "of notebooks named <student>_<anything>.ipynb as LMSs export them")
     grd.add_argument("--out", default=None,
                      help="folder for the gradebook, grades.csv and feedback (default: grading/<assignment>)")
     grd.add_argument("--timeout", type=int, default=None, help="seconds a single cell may run (default 120)")

@@ -28,6 +28,7 @@ from autograde.course import (
     source_notebooks,
 )
 from autograde.submissions import find_submissions
+from autograde.zip_input import unpack_zip
 
 
 @dataclass
@@ -152,11 +153,22 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
     warnings.filterwarnings("ignore", message=".*not in session.*")
     started = time.monotonic()
     submissions = Path(submissions)
-    if not submissions.is_dir():
-        raise CourseError(f"submissions folder not found: {submissions}")
     out = Path(out) if out else Path("grading") / assignment
     expected = [nb.name for nb in source_notebooks(assignment)]
+    zip_problems = {}
+    if submissions.is_file() and submissions.suffix.lower() == ".zip":
+        unzipped = out / "unzipped"
+        if unzipped.exists():
+            shutil.rmtree(unzipped)
+        unpacked = unpack_zip(submissions, assignment, expected, unzipped)
+        for entry in unpacked.skipped:
+            log(f"skipped {entry} in {submissions.name}: not a notebook of '{assignment}'")
+        submissions, zip_problems = unzipped, unpacked.problems
+    elif not submissions.is_dir():
+        raise CourseError(f"submissions folder not found: {submissions}")
     subs = find_submissions(submissions, assignment, expected)
+    for sub in subs:
+        sub.problems[:0] = zip_problems.get(sub.student, [])
     if not subs:
         raise CourseError(f"no submissions for '{assignment}' in {submissions} "
                           f"(expected folders like {submissions}/<student>/{assignment}/)")
