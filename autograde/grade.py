@@ -28,6 +28,7 @@ from autograde.course import (
     source_notebooks,
 )
 from autograde.submissions import find_submissions
+from autograde.tripwire import release_sources, scan_notebook, write_report
 from autograde.zip_input import unpack_zip
 
 
@@ -174,10 +175,14 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
                           f"(expected folders like {submissions}/<student>/{assignment}/)")
 
     course = _prepare_course(assignment, out, cell_timeout or CELL_TIMEOUT_S)
+    released = {name: release_sources(out / "release" / assignment / name) for name in expected}
+    flags = []
     results = []
     for i, sub in enumerate(subs, 1):
         result = StudentResult(student=sub.student, status="graded", max_score=course.max_score,
                                problems=list(sub.problems))
+        for name in sub.notebooks:
+            flags += scan_notebook(sub.student, sub.folder / name, released[name])
         if not sub.notebooks:
             result.status = "ungradable"
         else:
@@ -204,7 +209,9 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
     summary = Summary(results=results, grades_csv=grades_csv, seconds=time.monotonic() - started)
     log(f"graded {summary.count('graded')}, ungradable {summary.count('ungradable')}, "
         f"failed {summary.count('failed')} of {len(results)} submissions in {summary.seconds:.0f} s")
+    flagged = write_report(out, flags)
     log(f"grades: {grades_csv}")
+    log(f"integrity: {len(flagged)} student(s) flagged for review; see {out / 'integrity.txt'}")
     log(f"feedback: {out / 'feedback'}/<student>/{assignment}/")
     return summary
 

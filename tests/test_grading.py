@@ -162,6 +162,15 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
     assert cell_scores("ch1_principles", rows["sdpa_einsum_additive_mask"]) == tests
 
 
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
+    with (graded(assignment)["out"] / "integrity.csv").open() as fh:
+        flagged = {(row["student_id"], row["reason"]) for row in csv.DictReader(fh)}
+    expected = {("kernel_exits", "exits its process (os._exit)")} if assignment == "ch1_principles" else set()
+    assert flagged == expected
+    assert "integrity: " in graded(assignment)["stdout"]
+
+
 @pytest.mark.parametrize("assignment, failing, function", [
     ("ch1_principles", "sdpa_no_scaling", "scaled_dot_product_attention"),
     ("ch2_variants", "entropy_nan_on_zero_weights", "attention_entropy"),
