@@ -37,7 +37,7 @@ def chromium_path():
 def server(site):
     build, _ = site
     handler = functools.partial(_QuietHandler, directory=str(build / "html"))
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    httpd = _QuietServer(("127.0.0.1", 0), handler)
     thread = threading.Thread(target=httpd.serve_forever, daemon=True)
     thread.start()
     yield f"http://127.0.0.1:{httpd.server_address[1]}"
@@ -47,6 +47,11 @@ def server(site):
 class _QuietHandler(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args):
         pass
+
+
+class _QuietServer(http.server.ThreadingHTTPServer):
+    def handle_error(self, request, client_address):
+        pass   # a browser closing a connection early is not a failure of the site
 
 
 @pytest.fixture(scope="module")
