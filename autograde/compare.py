@@ -4,6 +4,7 @@ student can act on. Helpers return None so nbgrader never reads a return value
 as partial credit."""
 import contextlib
 import io
+import numbers
 import warnings
 
 import numpy as np
@@ -64,6 +65,14 @@ def expect_close(found, expected, *, what, rtol=1e-6, atol=1e-9, hint=""):
             f"{what} is wrong at index {bad}: expected {expected[bad]:.6g}, found {found[bad]:.6g} "
             f"({int(np.sum(~close))} of {close.size} entries differ; largest difference {worst:.3g}). {hint}".rstrip()
         )
+
+
+def expect_int(found, expected, *, what, hint=""):
+    """An exact integer count: a Python (or NumPy) integer, not a float or a bool."""
+    if isinstance(found, bool) or not isinstance(found, numbers.Integral):
+        raise GradingFailure(f"{what} should return an integer (a Python int), but returned {describe(found)}.")
+    if int(found) != expected:
+        raise GradingFailure(f"{what}: expected {expected}, found {int(found)}. {hint}".rstrip())
 
 
 def expect_scalar(found, *, what):

@@ -1,9 +1,7 @@
 """Hidden checks for Chapter 3 (Complexity)."""
-import numbers
-
 import numpy as np
 
-from autograde.compare import GradingFailure, call, call_unchanged, describe, expect_close, expect_value_error
+from autograde.compare import GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error
 from autograde.memory import traced_peak
 from autograde.reference import complexity as ref
 
@@ -14,19 +12,12 @@ def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
 
 
-def _expect_int(found, expected, *, what, hint=""):
-    if isinstance(found, bool) or not isinstance(found, numbers.Integral):
-        raise GradingFailure(f"{what} should return an integer (a Python int), but returned {describe(found)}.")
-    if int(found) != expected:
-        raise GradingFailure(f"{what}: expected {expected}, found {int(found)}. {hint}".rstrip())
-
-
 # ------------------------------------------------------------- counting
 
 def check_attention_flops(attention_flops):
     for n, d in [(1, 1), (2, 3), (7, 5), (64, 64), (128, 64), (100, 3000), (4096, 128), (10**6, 4096), (10**9, 10**5)]:
         what = f"attention_flops(n={n}, d={d})"
-        _expect_int(call(attention_flops, n, d, what=what), ref.attention_flops(n, d), what=what,
+        expect_int(call(attention_flops, n, d, what=what), ref.attention_flops(n, d), what=what,
                     hint="Four d x d projections cost 2·n·d·d each; QK^T and AV cost 2·n·n·d each. "
                          "Use integer arithmetic so huge sizes stay exact.")
 
@@ -35,7 +26,7 @@ def check_activation_bytes(attention_activation_bytes):
     for n, d, h, b in [(1, 1, 1, 1), (5, 8, 2, 4), (512, 768, 12, 2), (4096, 1024, 16, 2), (10**6, 4096, 32, 2),
                        (3, 10, 7, 8)]:
         what = f"attention_activation_bytes(n={n}, d={d}, h={h}, bytes_per_element={b})"
-        _expect_int(call(attention_activation_bytes, n, d, h, b, what=what),
+        expect_int(call(attention_activation_bytes, n, d, h, b, what=what),
                     ref.attention_activation_bytes(n, d, h, b), what=what,
                     hint="Q, K, V and the output hold 4·n·d elements; the h score matrices hold h·n·n.")
 
@@ -44,7 +35,7 @@ def check_receptive_field(receptive_field):
     for layers in range(0, 9):
         for width in (1, 2, 3, 5, 9):
             what = f"receptive_field(num_layers={layers}, kernel_width={width})"
-            _expect_int(call(receptive_field, layers, width, what=what), ref.receptive_field(layers, width),
+            expect_int(call(receptive_field, layers, width, what=what), ref.receptive_field(layers, width),
                         what=what, hint="Each layer of width w adds w - 1 positions to what one output sees.")
 
 
@@ -56,7 +47,7 @@ def _need(c, d, h, b):
 
 def _check_chunk(max_chunk_length, budget, d, h, b, expected):
     what = f"max_chunk_length(budget_bytes={budget}, d={d}, h={h}, bytes_per_element={b})"
-    _expect_int(call(max_chunk_length, budget, d, h, b, what=what), expected, what=what,
+    expect_int(call(max_chunk_length, budget, d, h, b, what=what), expected, what=what,
                 hint=f"c = {expected} needs {_need(expected, d, h, b)} bytes and c = {expected + 1} needs "
                      f"{_need(expected + 1, d, h, b)}; return the largest c that fits.")
 

@@ -5,12 +5,11 @@ The Triton kernel is graded for output, memory and for being a kernel: every
 call runs under autograde.triton_trace (kernel launches, and under the
 interpreter the bytes each kernel loads and stores) and a PyTorch dispatch mode
 that records the operators the launcher uses."""
-import math
-import numbers
 
 import numpy as np
 
-from autograde.compare import GradingFailure, call, call_unchanged, describe, expect_close, expect_sequence
+from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
+                               expect_sequence)
 from autograde.memory import traced_peak
 from autograde.reference import flash as ref
 
@@ -147,17 +146,10 @@ def check_tiled_memory(tiled_attention):
 
 # ------------------------------------------------------------- the IO model
 
-def _expect_int(found, expected, *, what, hint):
-    if isinstance(found, bool) or not isinstance(found, numbers.Integral):
-        raise GradingFailure(f"{what} should return an integer (a Python int), but returned {describe(found)}.")
-    if int(found) != expected:
-        raise GradingFailure(f"{what}: expected {expected}, found {int(found)}. {hint}")
-
-
 def check_traffic_standard(hbm_traffic_standard):
     for n, d in [(1, 1), (2, 3), (64, 64), (100, 16), (1024, 128), (4096, 64), (10**6, 128), (10**9, 256)]:
         what = f"hbm_traffic_standard(n={n}, d={d})"
-        _expect_int(call(hbm_traffic_standard, n, d, what=what), ref.hbm_traffic_standard(n, d), what=what,
+        expect_int(call(hbm_traffic_standard, n, d, what=what), ref.hbm_traffic_standard(n, d), what=what,
                     hint="Read Q and K, write S; read S, write P; read P and V, write O.")
 
 
@@ -165,7 +157,7 @@ def check_traffic_flash(hbm_traffic_flash):
     for n, d, block_m in [(1, 1, 1), (8, 4, 8), (8, 4, 3), (100, 16, 64), (64, 64, 128), (1000, 64, 7),
                           (4096, 128, 128), (10**6 + 1, 64, 128), (10**9, 128, 10**5 + 3)]:
         what = f"hbm_traffic_flash(n={n}, d={d}, block_m={block_m})"
-        _expect_int(call(hbm_traffic_flash, n, d, block_m, what=what), ref.hbm_traffic_flash(n, d, block_m),
+        expect_int(call(hbm_traffic_flash, n, d, block_m, what=what), ref.hbm_traffic_flash(n, d, block_m),
                     what=what, hint="Q is read and O written once; each of the ceil(n / block_m) query blocks reads "
                                     "all of K and V. Use integer ceiling division.")
 
