@@ -16,10 +16,20 @@ def _generate(args):
 def _grade(args):
     from autograde.grade import grade
 
+    from autograde.grade import EnvironmentProblem
+
     # Every submission gets a row in grades.csv, failed ones with the reason;
-    # one student's failure is not the command's.
-    grade(args.assignment, args.submissions, args.out, cell_timeout=args.timeout)
-    return 0
+    # one student's failure is not the command's. A broken grading machine or
+    # a bug in the grader is, and says so with a non-zero status.
+    try:
+        summary = grade(args.assignment, args.submissions, args.out, cell_timeout=args.timeout,
+                        notebook_timeout=args.notebook_timeout, workers=args.workers)
+    except EnvironmentProblem as exc:
+        print(f"error: the grading environment is broken, so nothing was recorded for the students not yet "
+              f"graded: {exc}\nFix the environment (run ./scripts/grade from the course repository, which "
+              "installs its dependencies) and run the same command again.", file=sys.stderr)
+        return 3
+    return 4 if summary.count("error") else 0
 
 
 def main(argv=None):
@@ -35,7 +45,12 @@ def main(argv=None):
                                          "of notebooks named <student>_<anything>.ipynb as LMSs export them")
     grd.add_argument("--out", default=None,
                      help="folder for the gradebook, grades.csv and feedback (default: grading/<assignment>)")
-    grd.add_argument("--timeout", type=int, default=None, help="seconds a single cell may run (default 120)")
+    grd.add_argument("--timeout", type=int, default=None,
+                     help="seconds a single cell (or one call of a student function) may run (default 120)")
+    grd.add_argument("--notebook-timeout", type=int, default=None,
+                     help="seconds a whole notebook may run before its remaining cells score 0 (default 1800)")
+    grd.add_argument("--workers", type=int, default=None,
+                     help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)
 
     args = parser.parse_args(argv)

@@ -8,11 +8,20 @@ submitted/, autograded/, feedback/, gradebook.db and an nbgrader_config.py, so
 that `nbgrader formgrader` and `nbgrader export` work inside it), plus
 grades.csv. Each student is graded on their own: a broken notebook or a
 crashing submission costs only that student's points, with the reason
-recorded."""
+recorded.
+
+Students are graded in parallel worker processes (autograde.worker), each
+running its student's code in a sandbox (autograde.sandbox) and the tests in
+the worker itself; this process alone writes the gradebook (autograde.record).
+"""
 import csv
-import warnings
+import multiprocessing
+import os
 import shutil
+import sys
 import time
+import warnings
+from concurrent.futures import ProcessPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,20 +36,39 @@ from autograde.course import (
     nbgrader_config,
     source_notebooks,
 )
+from autograde.progress import Progress
+from autograde.record import (
+    backup_gradebook,
+    manual_conflicts,
+    manual_grades,
+    place_submission,
+    scoring_config,
+    zero_automatic_grades,
+)
+from autograde.sandbox import Limits
 from autograde.submissions import find_submissions
-from autograde.tripwire import release_sources, scan_notebook, write_report
+from autograde.tripwire import Flag, release_sources, scan_notebook, write_report
+from autograde.worker import Job, grade_student, set_slot
 from autograde.zip_input import unpack_zip
+
+NOTEBOOK_TIMEOUT_S = 1800
+
+
+class EnvironmentProblem(Exception):
+    """The grading machine cannot grade (a library missing, a process that
+    cannot start): nothing is recorded as a student's score."""
 
 
 @dataclass
 class StudentResult:
     student: str
-    status: str  # graded | ungradable (unreadable notebooks) | failed (nbgrader could not run it)
+    status: str  # graded | ungradable (nothing readable) | failed (nbgrader could not store it) | error (grader bug)
     score: float = 0.0
     max_score: float = 0.0
     needs_manual_grade: bool = False
     problems: list = field(default_factory=list)
     cells: dict = field(default_factory=dict)  # "notebook:grade_id" -> score
+    flagged: bool = False
 
 
 @dataclass
@@ -48,6 +76,8 @@ class Summary:
     results: list
     grades_csv: Path
     seconds: float
+    flagged: list = field(default_factory=list)
+    conflicts: list = field(default_factory=list)
 
     def count(self, status):
         return sum(r.status == status for r in self.results)
@@ -56,7 +86,7 @@ class Summary:
 @dataclass
 class Course:
     """An nbgrader course directory set up for grading one assignment."""
-    api: NbGraderAPI
+    api: NbGraderAPI  # configured to score executed notebooks, not to run them
     db_url: str
     max_score: float
     grade_cells: list  # "notebook:grade_id", in notebook order
@@ -86,40 +116,12 @@ def _prepare_course(assignment, out, cell_timeout):
     db_url = f"sqlite:///{(out / 'gradebook.db').resolve()}"
     config = nbgrader_config(out.resolve(), db_url=db_url, cell_timeout=cell_timeout)
     (out / "nbgrader_config.py").write_text(config_file_text(config))
-    api = NbGraderAPI(config=config)
-    result = api.generate_assignment(assignment, force=True, create=True)
+    result = NbGraderAPI(config=config).generate_assignment(assignment, force=True, create=True)
     if not result["success"]:
         raise CourseError(f"nbgrader could not prepare '{assignment}':\n{result.get('error') or result.get('log')}")
     with Gradebook(db_url) as gb:
         max_score = float(gb.find_assignment(assignment).max_score)
-    return Course(api=api, db_url=db_url, max_score=max_score, grade_cells=_grade_cells(notebooks))
-
-
-def _copy_submission(sub, course_submitted, assignment):
-    """Copy only the readable notebooks (and nothing else) into the course."""
-    dest = course_submitted / sub.student / assignment
-    if dest.exists():
-        shutil.rmtree(dest)
-    dest.mkdir(parents=True)
-    for name in sub.notebooks:
-        shutil.copy2(sub.folder / name, dest / name)
-
-
-KNOWN_FAILURES = {
-    "DeadKernelError": "the notebook's Python process died while running it (the code exited the process, "
-                       "crashed, or ran out of memory), so no score could be computed",
-    "UnresponsiveKernelError": "the notebook's Python process stopped responding, so no score could be computed",
-}
-
-
-def _explain_failure(outcome):
-    """A sentence for the instructor from nbgrader's log of a failed run."""
-    text = "\n".join(filter(None, (outcome.get("log"), outcome.get("error"))))
-    for marker, sentence in KNOWN_FAILURES.items():
-        if marker in text:
-            return sentence
-    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
-    return f"nbgrader could not grade it: {lines[-1] if lines else 'unknown error'}"
+    return Course(api=NbGraderAPI(config=scoring_config(config)), db_url=db_url, max_score=max_score, grade_cells=_grade_cells(notebooks))
 
 
 def _record_scores(result, gradebook, assignment):
@@ -147,15 +149,51 @@ def _write_csv(path, results, cell_columns):
                              *[r.cells.get(c, "") for c in cell_columns], "; ".join(r.problems)])
 
 
-def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
-    # nbgrader's own gradebook code emits SQLAlchemy warnings that say nothing
-    # to an instructor.
-    warnings.filterwarnings("ignore", module="nbgrader")
-    warnings.filterwarnings("ignore", message=".*not in session.*")
-    started = time.monotonic()
-    submissions = Path(submissions)
-    out = Path(out) if out else Path("grading") / assignment
-    expected = [nb.name for nb in source_notebooks(assignment)]
+def _outcome_of_nbgrader(outcome):
+    text = "\n".join(filter(None, (outcome.get("log"), outcome.get("error"))))
+    lines = [ln.strip() for ln in text.strip().splitlines() if ln.strip()]
+    return f"nbgrader could not store the grades: {lines[-1] if lines else 'unknown error'}"
+
+
+def _record(course, assignment, out, sub, outcome, stage):
+    """This process only: place the executed notebooks, let nbgrader score and
+    store them, write feedback, and read the grades back."""
+    result = StudentResult(student=sub.student, status="graded", max_score=course.max_score,
+                           problems=list(sub.problems) + outcome.problems)
+    if outcome.grader_error:
+        result.status = "error"
+        result.problems.append(f"the grader failed on this submission (a bug to report, not the student's "
+                               f"score): {outcome.grader_error.strip().splitlines()[-1]}")
+        return result, []
+    before = manual_grades(course.db_url, assignment, sub.student)
+    place_submission(out, assignment, sub.student, stage, outcome.staged, sub.folder)
+    if outcome.staged:
+        stored = course.api.autograde(assignment, sub.student, force=True, create=True)
+        if not stored["success"]:
+            result.status = "failed"
+            result.problems.append(_outcome_of_nbgrader(stored))
+            return result, []
+        feedback = course.api.generate_feedback(assignment, sub.student, force=True)
+        if not feedback["success"]:
+            result.problems.append(f"feedback not written: {_outcome_of_nbgrader(feedback)}")
+    else:
+        result.status = "ungradable"
+        zero_automatic_grades(course.db_url, assignment, sub.student)
+    with Gradebook(course.db_url) as gb:
+        _record_scores(result, gb, assignment)
+    if result.status == "failed" and not outcome.staged:
+        result.status = "ungradable"  # no gradebook entry because nothing could be graded
+        result.problems.remove("nbgrader recorded no submission")
+    for key, (score, _) in outcome.scores.items():
+        stored = result.cells.get(key)
+        if stored not in ("", None) and float(stored) != score and not before:
+            result.problems.append(f"internal: {key} scored {score:g} but nbgrader stored {stored}")
+    conflicts = manual_conflicts(course.db_url, assignment, sub.student, before) if result.status == "graded" else []
+    result.problems += conflicts
+    return result, conflicts
+
+
+def _unpack(submissions, assignment, expected, out, log):
     zip_problems = {}
     if submissions.is_file() and submissions.suffix.lower() == ".zip":
         unzipped = out / "unzipped"
@@ -164,9 +202,24 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
         unpacked = unpack_zip(submissions, assignment, expected, unzipped)
         for entry in unpacked.skipped:
             log(f"skipped {entry} in {submissions.name}: not a notebook of '{assignment}'")
-        submissions, zip_problems = unzipped, unpacked.problems
-    elif not submissions.is_dir():
+        return unzipped, unpacked.problems
+    if not submissions.is_dir():
         raise CourseError(f"submissions folder not found: {submissions}")
+    return submissions, zip_problems
+
+
+def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_timeout=None, workers=None,
+          limits=None, log=print):
+    # nbgrader's own gradebook code emits SQLAlchemy warnings that say nothing
+    # to an instructor.
+    warnings.filterwarnings("ignore", module="nbgrader")
+    warnings.filterwarnings("ignore", message=".*not in session.*")
+    started = time.monotonic()
+    out = Path(out) if out else Path("grading") / assignment
+    expected = [nb.name for nb in source_notebooks(assignment)]
+    out.mkdir(parents=True, exist_ok=True)
+    os.chmod(out, 0o700)  # student processes run as other users and must not see in
+    submissions, zip_problems = _unpack(Path(submissions), assignment, expected, out, log)
     subs = find_submissions(submissions, assignment, expected)
     for sub in subs:
         sub.problems[:0] = zip_problems.get(sub.student, [])
@@ -174,44 +227,67 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, log=print):
         raise CourseError(f"no submissions for '{assignment}' in {submissions} "
                           f"(expected folders like {submissions}/<student>/{assignment}/)")
 
-    course = _prepare_course(assignment, out, cell_timeout or CELL_TIMEOUT_S)
-    released = {name: release_sources(out / "release" / assignment / name) for name in expected}
+    backup = backup_gradebook(out)
+    if backup:
+        log(f"gradebook backed up to {backup}")
+    cell_timeout = cell_timeout or CELL_TIMEOUT_S
+    course = _prepare_course(assignment, out, cell_timeout)
+    release = {name: str(out / "release" / assignment / name) for name in expected}
+    source = {name: str(out / "source" / assignment / name) for name in expected}
+    released = {name: release_sources(release[name]) for name in expected}
+    limits = limits or Limits(call_timeout_s=cell_timeout)
+    workers = max(1, workers or os.cpu_count() or 1)
+    stage_root = out / "work"
+    if stage_root.exists():
+        shutil.rmtree(stage_root)
+
     flags = []
-    results = []
-    for i, sub in enumerate(subs, 1):
-        result = StudentResult(student=sub.student, status="graded", max_score=course.max_score,
-                               problems=list(sub.problems))
+    for sub in subs:
         for name in sub.notebooks:
             flags += scan_notebook(sub.student, sub.folder / name, released[name])
-        if not sub.notebooks:
-            result.status = "ungradable"
-        else:
-            if sub.folder.resolve() != (out / "submitted" / sub.student / assignment).resolve():
-                _copy_submission(sub, out / "submitted", assignment)
-            outcome = course.api.autograde(assignment, sub.student, force=True, create=True)
-            if not outcome["success"]:
-                result.status = "failed"
-                result.problems.append(_explain_failure(outcome))
-            else:
-                fb = course.api.generate_feedback(assignment, sub.student, force=True)
-                if not fb["success"]:
-                    result.problems.append(f"feedback not written: {_explain_failure(fb)}")
-        if result.status == "graded":
-            with Gradebook(course.db_url) as gb:
-                _record_scores(result, gb, assignment)
-        results.append(result)
-        note = f" ({'; '.join(result.problems)})" if result.problems else ""
-        manual = " + manual grading pending" if result.needs_manual_grade else ""
-        log(f"[{i}/{len(subs)}] {sub.student}: {result.status} {result.score:g}/{result.max_score:g}{manual}{note}")
+    jobs = {sub.student: Job(student=sub.student, folder=str(sub.folder), notebooks=list(sub.notebooks),
+                             release=release, source=source, stage=str(stage_root / sub.student),
+                             cell_timeout=cell_timeout, notebook_timeout=notebook_timeout or NOTEBOOK_TIMEOUT_S,
+                             limits=limits) for sub in subs}
+    by_student = {sub.student: sub for sub in subs}
+    results, conflicts = {}, []
+    progress = Progress(len(subs), log)
+    log(f"grading {len(subs)} submission(s) of '{assignment}' with {min(workers, len(subs))} worker(s)")
+    context = multiprocessing.get_context("fork")
+    with ProcessPoolExecutor(max_workers=min(workers, len(subs)), mp_context=context,
+                             initializer=set_slot, initargs=(context.Value("i", 0),)) as pool:
+        futures = [pool.submit(grade_student, job) for job in jobs.values()]
+        for future in as_completed(futures):
+            outcome = future.result()
+            if outcome.environment:
+                for f in futures:
+                    f.cancel()
+                raise EnvironmentProblem(outcome.environment)
+            sub = by_student[outcome.student]
+            result, notes = _record(course, assignment, out, sub, outcome, jobs[sub.student].stage)
+            flags += [Flag(sub.student, nb, cell, "", reason, detail) for nb, cell, reason, detail in outcome.flags]
+            result.flagged = any(f.student == sub.student for f in flags)
+            conflicts += [(sub.student, n) for n in notes]
+            results[sub.student] = result
+            progress.step(result)
 
+    ordered = [results[sub.student] for sub in subs]
     grades_csv = out / "grades.csv"
-    _write_csv(grades_csv, results, course.grade_cells)
-    summary = Summary(results=results, grades_csv=grades_csv, seconds=time.monotonic() - started)
-    log(f"graded {summary.count('graded')}, ungradable {summary.count('ungradable')}, "
-        f"failed {summary.count('failed')} of {len(results)} submissions in {summary.seconds:.0f} s")
+    partial = grades_csv.with_suffix(".csv.partial")
+    _write_csv(partial, ordered, course.grade_cells)
+    partial.replace(grades_csv)  # never a half-written grades.csv, even if the run is killed
     flagged = write_report(out, flags)
+    summary = Summary(results=ordered, grades_csv=grades_csv, seconds=time.monotonic() - started,
+                      flagged=flagged, conflicts=conflicts)
+    log(f"graded {summary.count('graded')}, ungradable {summary.count('ungradable')}, "
+        f"failed {summary.count('failed') + summary.count('error')}, flagged {len(flagged)} "
+        f"of {len(ordered)} submissions in {summary.seconds:.0f} s")
+    for student, note in conflicts:
+        log(f"manual grade kept for {student}: {note}")
     log(f"grades: {grades_csv}")
     log(f"integrity: {len(flagged)} student(s) flagged for review; see {out / 'integrity.txt'}")
     log(f"feedback: {out / 'feedback'}/<student>/{assignment}/")
+    if summary.count("error"):
+        log("error: the grader itself failed on some submissions (status 'error' in grades.csv); their scores "
+            "were not recorded. Please report it with the submission.")
     return summary
-

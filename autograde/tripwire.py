@@ -60,12 +60,15 @@ def write_report(out, flags):
         writer.writerow(["student_id", "notebook", "cell", "line", "reason", "code"])
         for f in flags:
             writer.writerow([f.student, f.notebook, f.cell, f.line, f.reason, f.code])
-    lines = ["Integrity report: code that reaches into the grader or outside the notebook.",
-             "Each entry is for a person to review; it does not change any score.", ""]
+    lines = ["Integrity report: code that reaches into the grader or outside the notebook, notebooks whose",
+             "structure was changed, crashes and time limits, and tests that passed in the notebook as",
+             "submitted but failed when graded. Each entry is for a person to review; scores are already",
+             "those of the grader's own run.", ""]
     students = sorted({f.student for f in flags})
     for student in students:
         lines.append(f"{student}:")
-        lines += [f"  {f.notebook} {f.cell}, line {f.line}: {f.reason}: {f.code}" for f in flags if f.student == student]
+        lines += [f"  {f.notebook} {f.cell}{f', line {f.line}' if f.line else ''}: {f.reason}: {f.code}"
+                  for f in flags if f.student == student]
     if not students:
         lines.append("Nothing flagged.")
     (out / "integrity.txt").write_text("\n".join(lines) + "\n")

@@ -11,6 +11,7 @@ import numpy as np
 from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
                                expect_sequence)
 from autograde.memory import traced_peak
+from autograde.sandbox import in_student_process
 from autograde.reference import flash as ref
 
 RNG_SEED = 20264
@@ -224,6 +225,17 @@ def _traced_call(flash_attention, q, k, v, causal, sm_scale, what):
     return out, trace
 
 
+def _cuda_traced_peak(flash_attention, q, k, v, what):
+    """(output, peak CUDA bytes beyond what was allocated before the call)."""
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    out, _ = _traced_call(flash_attention, q, k, v, False, None, what)
+    return out, torch.cuda.max_memory_allocated() - base
+
+
 def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
                  layout="contiguous"):
     import torch
@@ -245,7 +257,7 @@ def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, d
     what = (f"flash_attention(q, k, v of shape {tuple(shape)}, {dtype}, causal={causal}"
             + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + (", non-contiguous" if layout != "contiguous" else "")
             + ")")
-    out, _ = _traced_call(flash_attention, q, k, v, causal, sm_scale, what)
+    out, _ = in_student_process(_traced_call, flash_attention, q, k, v, causal, sm_scale, what)
     if not isinstance(out, torch.Tensor):
         raise GradingFailure(f"{what} should return a torch.Tensor, but returned {describe(out)}.")
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != q.device:
@@ -332,11 +344,7 @@ def check_flash_memory(flash_attention):
         what = f"flash_attention(q, k, v of shape (1, 1, {n}, {d}))"
         call(flash_attention, q, k, v, what=what)   # a first call at each size loads code and fills caches
         if device == "cuda":
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            base = torch.cuda.memory_allocated()
-            out, _ = _traced_call(flash_attention, q, k, v, False, None, what)
-            peak = torch.cuda.max_memory_allocated() - base
+            out, peak = in_student_process(_cuda_traced_peak, flash_attention, q, k, v, what)
         else:
             (out, _), peak = traced_peak(_traced_call, flash_attention, q, k, v, False, None, what)
         expected = ref.attention(q.double().cpu().numpy(), k.double().cpu().numpy(), v.double().cpu().numpy())

@@ -8,9 +8,11 @@ from autograde.compare import (
     describe,
     expect_close,
     expect_sequence,
+    expect_unchanged,
     expect_value_error,
 )
 from autograde.reference import variants as ref
+from autograde.sandbox import in_student_process, is_instance
 
 RNG_SEED = 20261
 
@@ -131,27 +133,38 @@ def check_decode_step(decode_step):
                     f"a cache of 5 stored rows (d_model={d_model}, d_k={d_k}, d_v={d_v})")
 
 
+def _counting_decode_steps(decode_with_kv_cache, x, *weights, what):
+    """(output, shapes of each decode_step call): decode_step is looked up in
+    the function's own module and wrapped for the duration of the call."""
+    namespace = getattr(decode_with_kv_cache, "__globals__", {})
+    step = namespace.get("decode_step")
+    calls = []
+    if callable(step):
+        def counting_step(x_t, cache_k, cache_v, *args, **kwargs):
+            calls.append((np.shape(x_t), np.shape(cache_k), np.shape(cache_v)))
+            return step(x_t, cache_k, cache_v, *args, **kwargs)
+        namespace["decode_step"] = counting_step
+    try:
+        found = call(decode_with_kv_cache, x, *weights, what=what)
+    finally:
+        if callable(step):
+            namespace["decode_step"] = step
+    return found, calls
+
+
 def check_decode_with_kv_cache(decode_with_kv_cache):
     """Equal to full causal self-attention for many sizes, and built from one
     decode_step call per token, each given one token and the cache so far."""
     rng = _rng(4)
-    namespace = getattr(decode_with_kv_cache, "__globals__", {})
-    step = namespace.get("decode_step")
     for n, d_model, d_k, d_v in [(1, 4, 3, 2), (2, 3, 3, 3), (7, 6, 4, 5), (12, 5, 8, 2), (20, 8, 8, 8)]:
         x = rng.normal(size=(n, d_model))
         weights = _decoder_weights(rng, d_model, d_k, d_v)
         what = f"decode_with_kv_cache for x of shape {x.shape}, d_k={d_k}, d_v={d_v}"
-        calls = []
-        if callable(step):
-            def counting_step(x_t, cache_k, cache_v, *args, **kwargs):
-                calls.append((np.shape(x_t), np.shape(cache_k), np.shape(cache_v)))
-                return step(x_t, cache_k, cache_v, *args, **kwargs)
-            namespace["decode_step"] = counting_step
-        try:
-            found = call_unchanged(decode_with_kv_cache, x, *weights, what=what)
-        finally:
-            if callable(step):
-                namespace["decode_step"] = step
+        before = [x.copy(), *(w.copy() for w in weights)]
+        found, calls = in_student_process(_counting_decode_steps, decode_with_kv_cache, x, *weights, what=what)
+        for b, a in zip(before, (x, *weights)):
+            expect_unchanged(b, a, what=what)
+        calls = [tuple(tuple(shape) for shape in c) for c in calls]
         expect_close(found, ref.causal_self_attention(x, *weights), what=what,
                      hint="Token t's output attends to the keys of tokens 0..t, itself included.")
         expected_calls = [((d_model,), (t, d_k), (t, d_v)) for t in range(n)]
@@ -295,7 +308,7 @@ def _check_encoder(EncoderLayer, norm_first):
     for seed, (batch, n, d_model, heads, d_ff) in enumerate(configs):
         what = f"EncoderLayer({d_model}, {heads}, {d_ff}, norm_first={norm_first})"
         layer = call(EncoderLayer, d_model, heads, d_ff, norm_first=norm_first, what=what)
-        if not isinstance(layer, torch.nn.Module):
+        if not is_instance(layer, torch.nn.Module):
             raise GradingFailure(f"{what} should create a torch.nn.Module, but created {describe(layer)}.")
         reference = _torch_layer(d_model, heads, d_ff, norm_first, seed)
         layer = layer.double().eval()

@@ -1,0 +1,262 @@
+"""The process that runs a student's code (started by autograde.sandbox).
+
+It runs the notebook's non-test cells in an IPython shell and then answers
+requests from the grader: call a student function, read an attribute of an
+object it returned, or run one of autograde's measuring helpers on the
+student's function. Every answer is plain data (autograde.wire); an object
+that is not data stays here and the grader gets a numbered handle to it.
+Nothing here decides a grade: the tests run in the grader's process."""
+import contextlib
+import importlib
+import io
+import os
+import signal
+import sys
+import traceback
+import warnings
+
+MAX_TEXT = 20_000  # characters of a cell's printed output kept for the feedback
+
+
+def _clip(text):
+    return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "\n... (output cut)"
+
+
+def _exception(exc):
+    mro = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
+    return {"type": type(exc).__name__, "mro": mro, "message": _clip(str(exc))[:4000],
+            "traceback": _clip("".join(traceback.format_exception(exc)))}
+
+
+class Server:
+    def __init__(self, channel):
+        from IPython.core.interactiveshell import InteractiveShell
+
+        from autograde import wire
+
+        self.wire = wire
+        self.channel = channel
+        from traitlets.config import Config
+
+        config = Config()
+        config.HistoryManager.hist_file = ":memory:"
+        self.shell = InteractiveShell.instance(config=config)
+        self.shell.showtraceback = self._remember_traceback
+        self.initial = set(self.shell.user_ns)
+        self.handles = {}
+        self._last_error = None
+
+    # ------------------------------------------------------------ encoding
+    def _handle(self, value):
+        key = len(self.handles) + 1
+        self.handles[key] = value
+        mro = [f"{c.__module__}.{c.__qualname__}" for c in type(value).__mro__]
+        return {"$": "handle", "id": key, "type": type(value).__name__, "mro": mro,
+                "callable": callable(value)}
+
+    def _callback(self, key):
+        def callback(*args, **kwargs):
+            blobs = []
+            payload = {"kind": "callback", "id": key,
+                       "args": self.wire.encode(list(args), blobs, self._handle),
+                       "kwargs": self.wire.encode(kwargs, blobs, self._handle)}
+            self.channel.send(payload, blobs)
+            header, blobs = self.channel.receive()
+            if header.get("kind") == "callback_error":
+                raise RuntimeError(header.get("message", "the grader's function failed"))
+            return self.wire.decode(header["value"], blobs, self._marker)
+        return callback
+
+    def _marker(self, obj):
+        tag = obj.get("$")
+        if tag == "student":
+            name = obj["name"]
+            if name not in self.shell.user_ns:
+                raise NameError(f"name '{name}' is not defined")
+            return self.shell.user_ns[name]
+        if tag == "handle":
+            return self.handles[obj["id"]]
+        if tag == "callback":
+            return self._callback(obj["id"])
+        if tag == "ref":
+            module, _, name = obj["v"].partition(":")
+            target = importlib.import_module(module)
+            for part in name.split("."):
+                target = getattr(target, part)
+            return target
+        raise self.wire.WireError(f"unknown marker {tag!r}")
+
+    def _is_primitive(self, value):
+        """Attributes that are values (numbers, shapes) cross as data; anything
+        else, tensors included, stays here so that methods can mutate it."""
+        import numpy as np
+
+        if value is None or isinstance(value, (bool, int, float, str, complex, np.generic, np.dtype)):
+            return True
+        torch = sys.modules.get("torch")
+        if torch is not None and isinstance(value, (torch.Size, torch.dtype)):
+            return True
+        return type(value) is tuple and all(self._is_primitive(v) for v in value)
+
+    # ------------------------------------------------------------ requests
+    def run_cell(self, header, blobs):
+        self._last_error = None
+        with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
+            # With history each cell gets its own name in linecache, which
+            # Triton's interpreter needs to read a kernel's source.
+            result = self.shell.run_cell(header["source"], store_history=True)
+        failed = result.error_before_exec or result.error_in_exec
+        reply = {"kind": "ran", "stdout": _clip(out.getvalue()), "stderr": _clip(err.getvalue())}
+        if failed is not None:
+            reply["error"] = _exception(failed)
+        return reply, []
+
+    def _remember_traceback(self, *args, **kwargs):
+        pass  # the error is reported in the reply; nothing is printed
+
+    def warm_up(self):
+        """Run the shell's own machinery once (cell execution, display, errors,
+        magics) so the modules it imports on first use are loaded."""
+        for source in ("pass", "1", "1 / 0", "%matplotlib inline", "import numpy as _np\n_np.ones(2)"):
+            with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                self.shell.run_cell(source, store_history=False)
+        self.initial = set(self.shell.user_ns)
+        try:  # the measuring helpers import parts of PyTorch on first use
+            import numpy as np
+
+            from autograde.memory import traced_peak
+            traced_peak(lambda: np.ones(4) + 1)
+        except Exception:
+            pass
+
+    def names(self, header, blobs):
+        import types
+
+        found = []
+        for name, value in list(self.shell.user_ns.items()):
+            if name.startswith("_") or name in self.initial or isinstance(value, types.ModuleType):
+                continue
+            if callable(value):
+                found.append(name)
+        return {"kind": "names", "names": found}, []
+
+    def _target(self, spec):
+        if "name" in spec:
+            return self._marker({"$": "student", "name": spec["name"]})
+        if "handle" in spec:
+            return self.handles[spec["handle"]]
+        return self._marker({"$": "ref", "v": spec["ref"]})
+
+    def call(self, header, blobs):
+        target = self._target(header["target"])
+        args = self.wire.decode(header["args"], blobs, self._marker)
+        kwargs = self.wire.decode(header["kwargs"], blobs, self._marker)
+        grad_off = contextlib.nullcontext()
+        torch = sys.modules.get("torch")
+        if torch is not None and "handle" in header["target"]:
+            grad_off = torch.no_grad()  # methods of returned objects, e.g. a layer's weight.copy_()
+        with warnings.catch_warnings(), grad_off, \
+                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            warnings.simplefilter("ignore")
+            value = target(*args, **kwargs)
+        out_blobs = []
+        mirror = {}
+        for i, arg in enumerate(list(args) + list(kwargs.values())):
+            if self.wire.is_data(arg) and hasattr(arg, "shape"):
+                mirror[str(i)] = self.wire.encode(arg, out_blobs, self._handle)
+        return {"kind": "value", "value": self.wire.encode(value, out_blobs, self._handle),
+                "mirror": mirror}, out_blobs
+
+    def getattr(self, header, blobs):
+        value = getattr(self.handles[header["handle"]], header["name"])
+        out_blobs = []
+        encoded = self.wire.encode(value, out_blobs, self._handle) if self._is_primitive(value) \
+            else self._handle(value)
+        return {"kind": "value", "value": encoded, "mirror": {}}, out_blobs
+
+    def serve(self):
+        self.channel.send({"kind": "ready", "pid": os.getpid()})
+        while True:
+            try:
+                header, blobs = self.channel.receive()
+            except EOFError:
+                return
+            handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call,
+                       "getattr": self.getattr}.get(header.get("kind"))
+            try:
+                if handler is None:
+                    raise ValueError(f"unknown request {header.get('kind')!r}")
+                reply, out_blobs = handler(header, blobs)
+            except BaseException as exc:  # the student's error (or SystemExit) is the answer
+                reply, out_blobs = {"kind": "error", "error": _exception(exc)}, []
+            try:
+                self.channel.send(reply, out_blobs)
+            except self.wire.WireError as exc:
+                self.channel.send({"kind": "error", "error": _exception(exc)})
+            except (TypeError, ValueError) as exc:  # e.g. a non-finite float hidden in a dict
+                self.channel.send({"kind": "error", "error": _exception(exc)})
+
+
+# Loaded before the switch to an unprivileged user: the Python installation
+# may live where that user cannot read (a root-only home), and these are what
+# the course's notebooks and the grader's measuring helpers import.
+PRELOAD = [
+    "abc", "ast", "bdb", "bisect", "inspect", "linecache", "pdb", "tokenize", "traceback", "cmath", "collections", "contextlib", "copy", "dataclasses", "decimal", "enum",
+    "fractions", "functools", "heapq", "itertools", "json", "math", "numbers", "operator", "random", "re",
+    "statistics", "string", "textwrap", "time", "typing", "warnings",
+    "numpy", "numpy.linalg", "numpy.random", "numpy.fft",
+    "torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch", "torch.utils.flop_counter",
+    "matplotlib", "matplotlib.pyplot",
+    "autograde.compare", "autograde.memory", "autograde.torch_memory", "autograde.triton_env",
+    "autograde.checks.principles", "autograde.checks.variants", "autograde.checks.complexity",
+]
+PRELOAD_TRITON = ["triton", "triton.language", "autograde.triton_trace", "autograde.checks.flash"]
+
+
+def _preload():
+    for name in PRELOAD + (PRELOAD_TRITON if os.environ.get("TRITON_INTERPRET") == "1" or _has_cuda() else []):
+        try:
+            importlib.import_module(name)
+        except Exception:  # a missing optional library is the notebook's problem, reported when it imports it
+            pass
+
+
+def _has_cuda():
+    try:
+        import torch
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def _become(uid, nproc):
+    import resource
+
+    os.setgroups([])
+    os.setgid(uid)
+    os.setuid(uid)
+    resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+
+
+def main():
+    fd_in, fd_out, uid, nproc = (int(a) for a in sys.argv[1:5])
+    # A write past the file-size limit should fail with an error, not kill us.
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    os.environ.setdefault("MPLBACKEND", "Agg")
+    from autograde.wire import Channel
+
+    channel = Channel(os.fdopen(fd_in, "rb", buffering=0), os.fdopen(fd_out, "wb"))
+    server = Server(channel)
+    _preload()
+    server.warm_up()
+    if uid >= 0:
+        _become(uid, nproc)
+    else:
+        import resource
+        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
+    server.serve()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
