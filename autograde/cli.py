@@ -16,14 +16,19 @@ def _generate(args):
 def _grade(args):
     from autograde.grade import grade
 
+    from autograde.course import CELL_TIMEOUT_S
     from autograde.grade import EnvironmentProblem
+    from autograde.sandbox import Limits
 
     # Every submission gets a row in grades.csv, failed ones with the reason;
     # one student's failure is not the command's. A broken grading machine or
     # a bug in the grader is, and says so with a non-zero status.
     try:
+        limits = Limits(call_timeout_s=args.timeout or CELL_TIMEOUT_S)
+        if args.memory_limit is not None:
+            limits.memory_bytes = args.memory_limit * 2**20
         summary = grade(args.assignment, args.submissions, args.out, cell_timeout=args.timeout,
-                        notebook_timeout=args.notebook_timeout, workers=args.workers)
+                        notebook_timeout=args.notebook_timeout, workers=args.workers, limits=limits)
     except EnvironmentProblem as exc:
         print(f"error: the grading environment is broken, so nothing was recorded for the students not yet "
               f"graded: {exc}\nFix the environment (run ./scripts/grade from the course repository, which "
@@ -49,6 +54,8 @@ def main(argv=None):
                      help="seconds a single cell (or one call of a student function) may run (default 120)")
     grd.add_argument("--notebook-timeout", type=int, default=None,
                      help="seconds a whole notebook may run before its remaining cells score 0 (default 1800)")
+    grd.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                     help="address space a student's process may use, in MiB (default 4096)")
     grd.add_argument("--workers", type=int, default=None,
                      help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)

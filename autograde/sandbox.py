@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from autograde import wire
 
 STARTUP_TIMEOUT_S = 120
+WATCH_INTERVAL_S = 0.25
+MAX_PROCESSES = 8  # a notebook has no reason to start more; more is a fork bomb, stopped at once
 BASE_UID = 61000  # the student processes of worker slot k run as uid BASE_UID + k (when root)
 
 
@@ -35,8 +37,8 @@ class EnvironmentFailure(Exception):
 @dataclass
 class Limits:
     cpu_s: int = 1800
-    memory_bytes: int = 8 * 2**30
-    processes: int = 256
+    memory_bytes: int = 4 * 2**30
+    processes: int = 64  # the hard limit; the watchdog stops a notebook at MAX_PROCESSES already
     file_bytes: int = 64 * 2**20
     call_timeout_s: float = 120
 
@@ -63,6 +65,11 @@ def _preexec(limits):
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         if limits.memory_bytes:
             resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
+        try:  # if the machine runs out of memory anyway, the kernel stops student code first
+            with open("/proc/self/oom_score_adj", "w") as fh:
+                fh.write("1000")
+        except OSError:
+            pass
     return apply
 
 
@@ -100,20 +107,26 @@ def _describe_exit(code):
 
 
 class _TimedPipe:
-    """A pipe end with a deadline, so a silent or flooding student process cannot hang the grader."""
+    """A pipe end with a deadline, so a silent or flooding student process
+    cannot hang the grader; while waiting it calls `watch` a few times a second."""
 
-    def __init__(self, fd):
+    def __init__(self, fd, watch=None):
         self.fd = fd
         self.deadline = None
+        self.watch = watch
         os.set_blocking(fd, False)
 
     def _wait(self, readable):
-        left = None if self.deadline is None else self.deadline - time.monotonic()
-        if left is not None and left <= 0:
-            raise TimeoutError
-        r, w, _ = select.select([self.fd] if readable else [], [] if readable else [self.fd], [], left)
-        if not (r or w):
-            raise TimeoutError
+        while True:
+            left = None if self.deadline is None else self.deadline - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError
+            step = WATCH_INTERVAL_S if left is None else min(left, WATCH_INTERVAL_S)
+            r, w, _ = select.select([self.fd] if readable else [], [] if readable else [self.fd], [], step)
+            if r or w:
+                return
+            if self.watch:
+                self.watch()
 
     def read(self, n):
         while True:
@@ -150,6 +163,7 @@ class Sandbox:
 
     # ------------------------------------------------------------ lifecycle
     def start(self):
+        self._kill_everything()  # nothing left over from an earlier student of this worker
         self.home = tempfile.mkdtemp(prefix="student-")
         if self.uid is not None:
             os.chown(self.home, self.uid, self.uid)
@@ -169,7 +183,7 @@ class Sandbox:
             log.close()
             os.close(to_child_r)
             os.close(from_child_w)
-        self.writer, self.reader = _TimedPipe(to_child_w), _TimedPipe(from_child_r)
+        self.writer, self.reader = _TimedPipe(to_child_w, self._watch), _TimedPipe(from_child_r, self._watch)
         self.channel = wire.Channel(self.reader, self.writer)
         self.lost = None
         try:
@@ -180,6 +194,31 @@ class Sandbox:
         if header.get("kind") != "ready":
             raise EnvironmentFailure(f"the process for student code sent {header.get('kind')!r} instead of ready")
         return self
+
+    def _processes(self):
+        """How many live processes the student's code has: those of its own
+        user (as root), or those in its session. Zombies do not count."""
+        count = 0
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                with open(f"/proc/{entry}/stat") as fh:
+                    state, _, pgrp = fh.read().rpartition(")")[2].split()[:3]
+                if state in "ZX":
+                    continue
+                if self.uid is not None:
+                    count += os.stat(f"/proc/{entry}").st_uid == self.uid
+                else:
+                    count += self.proc is not None and int(pgrp) == self.proc.pid
+            except (OSError, ValueError):
+                pass
+        return count
+
+    def _watch(self):
+        if self.proc is not None and self._processes() > MAX_PROCESSES:
+            self._kill_everything()
+            self._lose(f"started more than {MAX_PROCESSES} processes (a fork bomb?) and was stopped")
 
     def _log_tail(self):
         try:
@@ -208,24 +247,31 @@ class Sandbox:
             self.home = None
 
     def _kill_everything(self):
-        try:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-        except OSError:
-            pass
+        if self.proc is not None:
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except OSError:
+                pass
         if self.uid is not None:
-            # Children that left the process group (setsid) still run as our uid.
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.setuid(self.uid)
-                    os.kill(-1, signal.SIGKILL)
-                finally:
-                    os._exit(0)
-            os.waitpid(pid, 0)
-        try:
-            self.proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            pass
+            # Children that left the process group (setsid) still run as our
+            # uid; a fork bomb may fork between two sweeps, so sweep until none is left.
+            for _ in range(100):
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        os.setuid(self.uid)
+                        os.kill(-1, signal.SIGKILL)
+                    finally:
+                        os._exit(0)
+                os.waitpid(pid, 0)
+                if self._processes() == 0:
+                    break
+                time.sleep(0.05)
+        if self.proc is not None:
+            try:
+                self.proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                pass
 
     def __enter__(self):
         return self.start()

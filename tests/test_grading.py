@@ -155,9 +155,11 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
     # Cells that do not depend on the hanging cell still score.
     assert hang["test_equivariance_gap"] == tests["test_equivariance_gap"]
     exits = rows["kernel_exits"]
-    assert exits["status"] == "failed"
-    assert "died" in exits["problems"]
-    assert float(exits["score"]) < sum(tests.values())
+    assert exits["status"] == "graded"
+    assert "exited with status 3" in exits["problems"]
+    exited = cell_scores("ch1_principles", exits)
+    # The cells before the exit score; the function that exits never is defined.
+    assert exited["test_softmax"] == tests["test_softmax"] and exited["test_dot_product_variance"] == 0
     # The students graded after them are unaffected.
     assert cell_scores("ch1_principles", rows["sdpa_einsum_additive_mask"]) == tests
 
@@ -166,7 +168,8 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
 def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
     with (graded(assignment)["out"] / "integrity.csv").open() as fh:
         flagged = {(row["student_id"], row["reason"]) for row in csv.DictReader(fh)}
-    expected = {("kernel_exits", "exits its process (os._exit)")} if assignment == "ch1_principles" else set()
+    expected = {("kernel_exits", "exits its process (os._exit)"), ("kernel_exits", "execution: process-lost"),
+                ("hangs_forever", "execution: process-lost")} if assignment == "ch1_principles" else set()
     assert flagged == expected
     assert "integrity: " in graded(assignment)["stdout"]
 

@@ -1,0 +1,293 @@
+"""Hostile and unusual submissions for Chapter 1, each built from a correct
+submission by one change. Each entry: a function (release, source, out) ->
+notebook (or raw text), where `out` is the grading folder a student who knows
+the instructor's layout would aim at."""
+import copy
+
+import nbformat
+
+from tests.notebooks import filled_submission, nbgrader_meta
+
+WRONG_SOFTMAX = '''
+def softmax(x, axis=-1):
+    return np.exp(x)  # not normalised: every softmax test must fail
+'''
+
+
+def _cells(nb, grade_id):
+    return [c for c in nb.cells if nbgrader_meta(c).get("grade_id") == grade_id]
+
+
+def _with(release, source, overrides):
+    return filled_submission(release, source, overrides)
+
+
+def _passed_output(cell):
+    """Make a test cell look as if it passed in the student's own run."""
+    cell.execution_count = 1
+    cell.outputs = [nbformat.v4.new_output("stream", name="stdout", text="passed\n")]
+
+
+# ------------------------------------------------------------------ attacks on the comparison
+
+def allclose_patch(release, source, out):
+    """Wrong softmax plus numpy.allclose/isclose patched to say yes; the notebook
+    as submitted shows its visible test passing (that is what the patch achieves
+    in the student's own kernel)."""
+    nb = _with(release, source, {"softmax": WRONG_SOFTMAX + (
+        "\nnp.allclose = lambda *a, **k: True"
+        "\nnp.isclose = lambda a, b, *r, **k: np.ones(np.broadcast(np.asarray(a), np.asarray(b)).shape, bool)")})
+    _passed_output(_cells(nb, "test_softmax")[0])
+    return nb
+
+
+def always_equal(release, source, out):
+    """softmax returns an array subclass whose == and != always say 'equal'."""
+    return _with(release, source, {"softmax": '''
+class Anything(np.ndarray):
+    def __eq__(self, other):
+        return np.ones(self.shape, bool)
+    def __ne__(self, other):
+        return np.zeros(self.shape, bool)
+    def __bool__(self):
+        return True
+
+def softmax(x, axis=-1):
+    return np.zeros_like(x).view(Anything)
+'''})
+
+
+def always_equal_object(release, source, out):
+    """equivariance_gap returns a non-number whose == is always True."""
+    return _with(release, source, {"equivariance_gap": '''
+class Whatever(float):
+    def __eq__(self, other):
+        return True
+    __hash__ = float.__hash__
+
+def equivariance_gap(f, x, perm):
+    return Whatever(0.0)
+'''})
+
+
+def input_transformer(release, source, out):
+    """Correct softmax, then an IPython input transformer that blanks every
+    later cell: in a stock kernel the tests after it would never fail."""
+    return _with(release, source, {"softmax": '''
+def softmax(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+get_ipython().input_transformers_post.append(lambda lines: [])
+'''})
+
+
+def grading_marker(release, source, out):
+    """Correct only when it cannot tell it is being graded."""
+    return _with(release, source, {"softmax": '''
+import os
+
+def softmax(x, axis=-1):
+    if any(name.startswith("NBGRADER") for name in os.environ):
+        return np.exp(x)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+'''})
+
+
+# ------------------------------------------------------------------ attacks on the instructor's files
+
+def reads_hidden_tests(release, source, out):
+    """Correct softmax only if it could read the hidden tests from the grading folder."""
+    return _with(release, source, {"softmax": f'''
+SECRET = ""
+for path in ["{out}/source/ch1_principles/principles.ipynb", "../source/ch1_principles/principles.ipynb",
+             "../../../source/ch1_principles/principles.ipynb"]:
+    try:
+        SECRET += open(path).read()
+    except OSError:
+        pass
+
+def softmax(x, axis=-1):
+    if "BEGIN HIDDEN TESTS" not in SECRET:
+        return np.exp(x)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+'''})
+
+
+def writes_gradebook(release, source, out):
+    """Correct code that also tries to raise every grade in, then wipe, the gradebook."""
+    return _with(release, source, {"dot_product_variance": f'''
+import sqlite3
+
+try:
+    db = sqlite3.connect("{out}/gradebook.db")
+    db.execute("UPDATE grade SET manual_score = 100")
+    db.commit()
+except Exception:
+    pass
+try:
+    open("{out}/gradebook.db", "wb").close()
+except OSError:
+    pass
+
+def dot_product_variance(d_k, n_pairs, rng):
+    q = rng.standard_normal((n_pairs, d_k))
+    k = rng.standard_normal((n_pairs, d_k))
+    s = np.sum(q * k, axis=-1)
+    return float(np.var(s)), float(np.var(s / np.sqrt(d_k)))
+'''})
+
+
+# ------------------------------------------------------------------ attacks on the machine
+
+def loops_in_function(release, source, out):
+    """scaled_dot_product_attention never returns: each call is stopped."""
+    return _with(release, source, {"scaled_dot_product_attention": '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    while True:
+        pass
+'''})
+
+
+def memory_bomb(release, source, out):
+    """multi_head_attention allocates until memory runs out."""
+    return _with(release, source, {"multi_head_attention": '''
+def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
+    hoard = []
+    while True:
+        hoard.append(np.ones(2**24))
+'''})
+
+
+def fork_bomb(release, source, out):
+    """A top-level fork bomb in the multi-head attention cell."""
+    return _with(release, source, {"multi_head_attention": '''
+import os
+
+def _bomb():
+    while True:
+        try:
+            os.fork()
+        except OSError:
+            pass
+
+_bomb()
+'''})
+
+
+def stderr_warnings(release, source, out):
+    """Correct softmax that writes warnings and text to stderr on every call."""
+    return _with(release, source, {"softmax": '''
+import sys
+import warnings
+
+def softmax(x, axis=-1):
+    warnings.warn("a warning from the student's softmax")
+    print("note on stderr", file=sys.stderr)
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+'''})
+
+
+# ------------------------------------------------------------------ attacks on the notebook's structure
+
+def deletes_test_cells(release, source, out):
+    """Wrong softmax, with its test cells deleted (a re-submission trick)."""
+    nb = _with(release, source, {"softmax": WRONG_SOFTMAX})
+    nb.cells = [c for c in nb.cells if nbgrader_meta(c).get("grade_id") not in
+                ("test_softmax", "test_softmax_any_axis", "test_softmax_stable")]
+    return nb
+
+
+def duplicates_test_cells(release, source, out):
+    """Correct code; one test cell appears three times, a solution cell twice."""
+    nb = _with(release, source, {})
+    test = _cells(nb, "test_softmax")[0]
+    answer = _cells(nb, "softmax")[0]
+    i = nb.cells.index(test)
+    nb.cells[i:i] = [copy.deepcopy(test), copy.deepcopy(test)]
+    nb.cells.insert(nb.cells.index(answer) + 1, copy.deepcopy(answer))
+    return nb
+
+
+def renames_cells(release, source, out):
+    """Correct code; the softmax answer cell and a test cell renamed."""
+    nb = _with(release, source, {})
+    nbgrader_meta(_cells(nb, "softmax")[0])["grade_id"] = "my_softmax"
+    nbgrader_meta(_cells(nb, "test_softmax_stable")[0])["grade_id"] = "renamed_test"
+    return nb
+
+
+def changes_points(release, source, out):
+    """Correct code except the variance; every test cell now claims 100 points."""
+    nb = _with(release, source, {"dot_product_variance": "def dot_product_variance(d_k, n_pairs, rng):\n"
+                                                         "    return 0.0, 0.0"})
+    for cell in nb.cells:
+        if nbgrader_meta(cell).get("grade"):
+            nbgrader_meta(cell)["points"] = 100
+    return nb
+
+
+def code_cell_made_markdown(release, source, out):
+    """The softmax answer cell's type changed to markdown (its code intact)."""
+    nb = _with(release, source, {})
+    cell = _cells(nb, "softmax")[0]
+    index = nb.cells.index(cell)
+    markdown = nbformat.v4.new_markdown_cell(cell.source, metadata=cell.metadata)
+    markdown.id = cell.id
+    nb.cells[index] = markdown
+    return nb
+
+
+# ------------------------------------------------------------------ correct, in styles nobody planned
+
+def unusual_but_correct(release, source, out):
+    """Correct answers written unusually: softmax as a callable object, attention
+    via einsum over any batch axes, multi-head attention defined in a cell the
+    student added before the answer cell, and loops for the gap."""
+    nb = _with(release, source, {
+        "softmax": '''
+class _Softmax:
+    def __call__(self, x, axis=-1):
+        moved = np.moveaxis(np.asarray(x, dtype=float), axis, -1)
+        z = np.exp(moved - moved.max(axis=-1, keepdims=True))
+        return np.moveaxis(z / z.sum(axis=-1, keepdims=True), -1, axis)
+
+softmax = _Softmax()
+''',
+        "scaled_dot_product_attention": '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -np.inf)
+    weights = softmax(scores, axis=-1)
+    return np.einsum("...qk,...kd->...qd", weights, v), weights
+''',
+        "multi_head_attention": "multi_head_attention = _mha_from_my_cell",
+        "equivariance_gap": '''
+def equivariance_gap(f, x, perm):
+    permuted_then_f = f(x[list(perm)])
+    f_then_permuted = f(x)[list(perm)]
+    gap = 0.0
+    for a, b in zip(permuted_then_f.ravel(), f_then_permuted.ravel()):
+        gap = max(gap, abs(float(a) - float(b)))
+    return gap
+'''})
+    helper = nbformat.v4.new_code_cell('''
+def _mha_from_my_cell(x, w_q, w_k, w_v, w_o, num_heads):
+    d = x.shape[-1] // num_heads
+    q, k, v = x @ w_q, x @ w_k, x @ w_v
+    heads = [scaled_dot_product_attention(q[..., h * d:(h + 1) * d], k[..., h * d:(h + 1) * d],
+                                          v[..., h * d:(h + 1) * d])[0] for h in range(num_heads)]
+    return np.concatenate(heads, axis=-1) @ w_o
+''')
+    nb.cells.insert(nb.cells.index(_cells(nb, "multi_head_attention")[0]), helper)
+    return nb
+
+
+ATTACKS = {f.__name__: f for f in (
+    allclose_patch, always_equal, always_equal_object, input_transformer, grading_marker, reads_hidden_tests,
+    writes_gradebook, loops_in_function, memory_bomb, fork_bomb, stderr_warnings, deletes_test_cells,
+    duplicates_test_cells, renames_cells, changes_points, code_cell_made_markdown, unusual_but_correct)}

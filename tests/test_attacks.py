@@ -1,0 +1,125 @@
+"""Hostile submissions graded in one batch with honest ones, through the real
+command: each attack gains nothing, costs only its own student, and is flagged
+where it should be; the honest students in the same batch get full marks."""
+import csv
+import sqlite3
+import sys
+
+import pytest
+
+from tests.attacks import ATTACKS
+from tests.conftest import REPO, run
+from tests.notebooks import filled_submission, graded_test_cells, write_submission
+
+pytestmark = pytest.mark.filterwarnings("ignore::nbformat.warnings.DuplicateCellId")  # planted on purpose
+
+ASSIGNMENT = "ch1_principles"
+NOTEBOOK = "principles.ipynb"
+SOURCE = REPO / "solutions" / ASSIGNMENT / NOTEBOOK
+RELEASE = REPO / "exercises" / ASSIGNMENT / NOTEBOOK
+POINTS = graded_test_cells(SOURCE)
+
+SOFTMAX = {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"}
+SDPA = {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}
+MHA = {"test_multi_head_attention", "test_mha_hidden"}
+VARIANCE = {"test_dot_product_variance", "test_dot_product_variance_hidden"}
+GAP = {"test_equivariance_gap", "test_equivariance_gap_hidden"}
+
+# attack -> (test cells it must lose, integrity reasons it must be flagged with)
+EXPECTED = {
+    # The student's softmax is wrong, so everything built on it (attention, heads) fails too.
+    "allclose_patch": (SOFTMAX | SDPA | MHA, {"rebinds an attribute of a course library",
+                                               "passed as submitted, failed when graded"}),
+    "always_equal": (SOFTMAX | SDPA | MHA, set()),
+    "always_equal_object": (GAP, set()),
+    "input_transformer": (SDPA | MHA | VARIANCE | GAP, {"uses the IPython shell (get_ipython)"}),
+    "grading_marker": (set(), set()),
+    "reads_hidden_tests": (SOFTMAX | SDPA | MHA, set()),  # the paths are in variables: no pattern to see
+    "writes_gradebook": (set(), {"opens a file outside its folder"}),
+    "loops_in_function": (SDPA | MHA, {"execution: process-lost"}),
+    "memory_bomb": (MHA, set()),
+    "fork_bomb": (MHA, {"execution: process-lost"}),
+    "stderr_warnings": (set(), set()),
+    "deletes_test_cells": (SOFTMAX | SDPA | MHA, {"notebook structure: missing-cell"}),
+    "duplicates_test_cells": (set(), {"notebook structure: duplicate-cell"}),
+    "renames_cells": (set(), {"notebook structure: unknown-cell", "notebook structure: missing-cell"}),
+    "changes_points": (VARIANCE, {"notebook structure: points-changed"}),
+    "code_cell_made_markdown": (set(), set()),
+    "unusual_but_correct": (set(), set()),
+}
+HONEST = ("honest_a", "honest_b", "honest_c")
+
+
+@pytest.fixture(scope="module")
+def batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks")
+    submitted, out = root / "submitted", root / "grading"
+    for name in HONEST:
+        write_submission(submitted, name, ASSIGNMENT, NOTEBOOK, filled_submission(RELEASE, SOURCE))
+    for name, build in ATTACKS.items():
+        write_submission(submitted, name, ASSIGNMENT, NOTEBOOK, build(RELEASE, SOURCE, out.resolve()))
+    proc = run([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted), "--out", str(out),
+                "--timeout", "10", "--memory-limit", "2048"], timeout=1200)
+    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
+    with (out / "grades.csv").open() as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    with (out / "integrity.csv").open() as fh:
+        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
+    return {"rows": rows, "flags": flags, "out": out, "stdout": proc.stdout}
+
+
+def scores(row):
+    return {gid: float(row[f"principles:{gid}"]) for gid in POINTS}
+
+
+def test_every_attack_has_an_expectation():
+    assert set(EXPECTED) == set(ATTACKS)
+
+
+@pytest.mark.parametrize("student", HONEST)
+def test_honest_students_in_the_same_batch_get_full_marks(batch, student):
+    row = batch["rows"][student]
+    assert row["status"] == "graded"
+    assert scores(row) == POINTS
+    assert student not in {s for s, _ in batch["flags"]}
+
+
+@pytest.mark.parametrize("attack", sorted(EXPECTED))
+def test_each_attack_loses_exactly_what_it_should(batch, attack):
+    row = batch["rows"][attack]
+    lost = {gid for gid, s in scores(row).items() if s != POINTS[gid]}
+    assert lost == EXPECTED[attack][0], f"{attack}: {row['problems']}"
+    assert float(row["max_score"]) == sum(POINTS.values()) + 2  # points claimed in the notebook do not count
+
+
+@pytest.mark.parametrize("attack", sorted(EXPECTED))
+def test_each_attack_is_flagged_as_it_should(batch, attack):
+    reasons = {reason for student, reason in batch["flags"] if student == attack}
+    assert EXPECTED[attack][1] <= reasons, f"{attack}: flagged for {reasons}"
+    if not EXPECTED[attack][1]:
+        assert not reasons & {"execution: process-lost", "notebook structure: missing-cell"}
+
+
+def test_the_gradebook_survives_an_attempt_to_rewrite_it(batch):
+    db = sqlite3.connect(batch["out"] / "gradebook.db")
+    manual = db.execute("SELECT count(*) FROM grade WHERE manual_score IS NOT NULL").fetchone()[0]
+    assert manual == 0
+    proc = run([sys.executable, "-m", "nbgrader", "export", "--to", "export.csv"], cwd=batch["out"])
+    assert proc.returncode == 0, proc.stderr
+    with (batch["out"] / "export.csv").open() as fh:
+        exported = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(fh)}
+    assert exported["writes_gradebook"] == sum(POINTS.values())
+    assert exported["honest_a"] == sum(POINTS.values())
+
+
+def test_the_fork_bomb_is_stopped_and_named(batch):
+    assert "fork bomb" in batch["rows"]["fork_bomb"]["problems"]
+
+
+def test_a_function_that_never_returns_is_stopped_at_each_call(batch):
+    assert "stopped answering within the time limit" in batch["rows"]["loops_in_function"]["problems"]
+
+
+def test_the_summary_counts_flagged_students(batch):
+    flagged = {student for student, _ in batch["flags"]}
+    assert f"flagged {len(flagged)} of {len(HONEST) + len(ATTACKS)} submissions" in batch["stdout"]
