@@ -71,6 +71,29 @@ def _measuring_setup_helpers(ns):
         ns["peak_bytes"] = peak_bytes
 
 
+def _failure_lines(exc):
+    """The traceback a student needs: the test cell's own lines, then, when the
+    error came from their function, where it happened in their code."""
+    lines = ["Traceback (most recent call last):"]
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if frame.filename.startswith("<"):  # the test cell, not the grader's machinery
+            lines += [f'  File "{frame.filename}", line {frame.lineno}', f"    {frame.line}"]
+    student = getattr(exc, "student_traceback", "")
+    if student:
+        ours = ("autograde/sandbox_server.py", "autograde/compare.py")
+        kept = [ln for ln in student.splitlines() if ln.strip()]
+        lines.append("In your code:")
+        skip = False
+        for ln in kept[1:]:
+            if ln.startswith('  File "'):
+                skip = any(part in ln for part in ours)
+            if not skip:
+                lines.append(ln)
+    else:
+        lines.append(f"{type(exc).__name__}: {exc}")
+    return lines
+
+
 class NotebookRun:
     def __init__(self, notebook, *, slot=0, cell_timeout=120, notebook_timeout=1800, limits=None):
         self.nb = nbformat.from_dict(notebook)
@@ -171,9 +194,7 @@ class NotebookRun:
             self.result.scores[label] = (points, points)
         else:
             message = f"{type(exc).__name__}: {exc}"
-            frames = traceback.format_exception(type(exc), exc, exc.__traceback__.tb_next if exc.__traceback__
-                                                else None)
-            outputs.append(_error(type(exc).__name__, str(exc), "".join(frames).splitlines()))
+            outputs.append(_error(type(exc).__name__, str(exc), _failure_lines(exc)))
             self.result.scores[label] = (0.0, points)
             self.result.messages[label] = message
         cell.outputs = outputs

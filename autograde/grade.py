@@ -18,7 +18,6 @@ import csv
 import multiprocessing
 import os
 import shutil
-import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed

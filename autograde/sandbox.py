@@ -295,8 +295,7 @@ class Sandbox:
             return self.channel.receive()
         except TimeoutError:
             self._kill_everything()
-            self._lose(f"stopped answering within the time limit and was stopped "
-                       f"(an endless loop, or far too slow)")
+            self._lose("stopped answering within the time limit and was stopped (an endless loop, or far too slow)")
         except EOFError:
             self._lose(_describe_exit(self.proc.poll() if self.proc.poll() is not None else self._wait_code()))
         except wire.WireError as exc:
