@@ -54,29 +54,107 @@ def _own_process_count(uid):
     return count
 
 
-def _preexec(limits):
-    """Runs in the child between fork and exec: its own session, and limits."""
-    import resource
-
-    def apply():
-        os.setsid()
-        resource.setrlimit(resource.RLIMIT_CPU, (limits.cpu_s, limits.cpu_s + 5))
-        resource.setrlimit(resource.RLIMIT_FSIZE, (limits.file_bytes, limits.file_bytes))
-        resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
-        if limits.memory_bytes:
-            resource.setrlimit(resource.RLIMIT_AS, (limits.memory_bytes, limits.memory_bytes))
-        try:  # if the machine runs out of memory anyway, the kernel stops student code first
-            with open("/proc/self/oom_score_adj", "w") as fh:
-                fh.write("1000")
-        except OSError:
-            pass
-    return apply
-
-
 def _process_limit(limits, uid):
     """RLIMIT_NPROC counts every process of the user, so as the grader's own
     user leave room for the processes it already has."""
     return limits.processes if uid is not None else limits.processes + _own_process_count(os.getuid())
+
+
+class _Zygote:
+    """One per grading worker: a process with the course's libraries loaded
+    (as the grader's user) that forks each student process on request."""
+
+    def __init__(self):
+        import socket
+
+        self.home = tempfile.mkdtemp(prefix="grader-template-")
+        ours, theirs = socket.socketpair()
+        log = open(os.path.join(self.home, "log"), "wb")
+        try:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "autograde.sandbox_server", str(theirs.fileno())],
+                pass_fds=(theirs.fileno(),), cwd=self.home, env=_environment(self.home),
+                stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        except OSError as exc:
+            raise EnvironmentFailure(f"could not start Python for student code: {exc}") from None
+        finally:
+            log.close()
+            theirs.close()
+        self.control = ours
+        self.buffer = b""
+        message, _ = self._receive(STARTUP_TIMEOUT_S)
+        if "ready" not in message:
+            raise EnvironmentFailure(f"the process for student code did not start:\n{self.log_tail()}")
+
+    def log_tail(self):
+        try:
+            with open(os.path.join(self.home, "log"), "rb") as fh:
+                return fh.read()[-3000:].decode(errors="replace")
+        except OSError:
+            return ""
+
+    def _receive(self, timeout):
+        import json
+        import socket
+
+        deadline = time.monotonic() + timeout
+        fds = []
+        while b"\n" not in self.buffer:
+            left = deadline - time.monotonic()
+            if left <= 0 or not select.select([self.control], [], [], left)[0]:
+                raise EnvironmentFailure(f"the process for student code did not answer:\n{self.log_tail()}")
+            data, new_fds, _, _ = socket.recv_fds(self.control, 65536, 4)
+            if not data:
+                raise EnvironmentFailure(f"the process for student code stopped:\n{self.log_tail()}")
+            self.buffer += data
+            fds += new_fds
+        line, self.buffer = self.buffer.split(b"\n", 1)
+        return json.loads(line), fds
+
+    def _send(self, message):
+        import json
+
+        self.control.sendall(json.dumps(message).encode() + b"\n")
+
+    def spawn(self, spec):
+        """(pid, socket fd) of a new student process."""
+        self._send({"op": "spawn", **spec})
+        message, fds = self._receive(60)
+        if "error" in message:
+            raise EnvironmentFailure(str(message["error"]))
+        if not fds:
+            raise EnvironmentFailure("the process for student code could not start a student process")
+        return int(message["pid"]), fds[0]
+
+    def exit_code(self, pid):
+        try:
+            self._send({"op": "ended", "pid": pid})
+            message, _ = self._receive(10)
+            return message.get("code")
+        except (OSError, EnvironmentFailure):
+            return None
+
+    def alive(self):
+        return self.proc.poll() is None
+
+    def close(self):
+        try:
+            self.control.close()
+        finally:
+            self.proc.kill()
+            self.proc.wait()
+            shutil.rmtree(self.home, ignore_errors=True)
+
+
+_ZYGOTE = None
+
+
+def _zygote():
+    """This process's zygote, started on first use (and again if it died)."""
+    global _ZYGOTE
+    if _ZYGOTE is None or not _ZYGOTE.alive():
+        _ZYGOTE = _Zygote()
+    return _ZYGOTE
 
 
 def _environment(home):
@@ -155,7 +233,8 @@ class Sandbox:
     def __init__(self, limits=None, slot=0):
         self.limits = limits or Limits()
         self.uid = BASE_UID + slot if os.geteuid() == 0 else None
-        self.proc = None
+        self.pid = None  # the student process (a child of this worker's zygote)
+        self.zygote = None
         self.home = None
         self.lost = None  # why the current process was lost, if it was
         self.callbacks = {}
@@ -168,31 +247,21 @@ class Sandbox:
         if self.uid is not None:
             os.chown(self.home, self.uid, self.uid)
         os.chmod(self.home, 0o700)
-        to_child_r, to_child_w = os.pipe()
-        from_child_r, from_child_w = os.pipe()
-        log = open(os.path.join(self.home, ".process-log"), "wb")
-        try:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "autograde.sandbox_server", str(to_child_r), str(from_child_w),
-                 str(-1 if self.uid is None else self.uid), str(_process_limit(self.limits, self.uid))],
-                pass_fds=(to_child_r, from_child_w), cwd=self.home, env=_environment(self.home),
-                stdin=subprocess.DEVNULL, stdout=log, stderr=log, preexec_fn=_preexec(self.limits))
-        except OSError as exc:
-            raise EnvironmentFailure(f"could not start a Python process for student code: {exc}") from None
-        finally:
-            log.close()
-            os.close(to_child_r)
-            os.close(from_child_w)
-        self.writer, self.reader = _TimedPipe(to_child_w, self._watch), _TimedPipe(from_child_r, self._watch)
+        spec = {"home": self.home, "uid": -1 if self.uid is None else self.uid,
+                "nproc": _process_limit(self.limits, self.uid), "cpu_s": self.limits.cpu_s,
+                "memory_bytes": self.limits.memory_bytes, "file_bytes": self.limits.file_bytes}
+        self.zygote = _zygote()
+        self.pid, fd = self.zygote.spawn(spec)
+        self.writer, self.reader = _TimedPipe(os.dup(fd), self._watch), _TimedPipe(fd, self._watch)
         self.channel = wire.Channel(self.reader, self.writer)
         self.lost = None
         try:
             header, _ = self._receive(time.monotonic() + STARTUP_TIMEOUT_S)
         except SandboxLost as exc:
-            raise EnvironmentFailure(f"the process for student code did not start ({exc}):\n{self._log_tail()}") \
+            raise EnvironmentFailure(f"a student process could not be started ({exc}):\n{self.zygote.log_tail()}") \
                 from None
         if header.get("kind") != "ready":
-            raise EnvironmentFailure(f"the process for student code sent {header.get('kind')!r} instead of ready")
+            raise EnvironmentFailure(f"a student process sent {header.get('kind')!r} instead of ready")
         return self
 
     def _processes(self):
@@ -210,22 +279,14 @@ class Sandbox:
                 if self.uid is not None:
                     count += os.stat(f"/proc/{entry}").st_uid == self.uid
                 else:
-                    count += self.proc is not None and int(pgrp) == self.proc.pid
+                    count += self.pid is not None and int(pgrp) == self.pid
             except (OSError, ValueError):
                 pass
         return count
 
     def _watch(self):
-        if self.proc is not None and self._processes() > MAX_PROCESSES:
-            self._kill_everything()
+        if self.pid is not None and self._processes() > MAX_PROCESSES:
             self._lose(f"started more than {MAX_PROCESSES} processes (a fork bomb?) and was stopped")
-
-    def _log_tail(self):
-        try:
-            with open(os.path.join(self.home, ".process-log"), "rb") as fh:
-                return fh.read()[-3000:].decode(errors="replace")
-        except OSError:
-            return ""
 
     def restart(self):
         self.close()
@@ -233,7 +294,7 @@ class Sandbox:
         return self.start()
 
     def close(self):
-        if self.proc is not None:
+        if self.pid is not None:
             for pipe in (getattr(self, "reader", None), getattr(self, "writer", None)):
                 if pipe is not None:
                     try:
@@ -241,20 +302,20 @@ class Sandbox:
                     except OSError:
                         pass
             self._kill_everything()
-            self.proc = None
+            self.pid = None
         if self.home:
             shutil.rmtree(self.home, ignore_errors=True)
             self.home = None
 
     def _kill_everything(self):
-        if self.proc is not None:
+        if self.pid is not None:
             try:
-                os.killpg(self.proc.pid, signal.SIGKILL)
+                os.killpg(self.pid, signal.SIGKILL)  # its session: it and what it started
             except OSError:
                 pass
         if self.uid is not None:
-            # Children that left the process group (setsid) still run as our
-            # uid; a fork bomb may fork between two sweeps, so sweep until none is left.
+            # Children that left the session (setsid) still run as our uid; a
+            # fork bomb may fork between two sweeps, so sweep until none is left.
             for _ in range(100):
                 pid = os.fork()
                 if pid == 0:
@@ -267,11 +328,6 @@ class Sandbox:
                 if self._processes() == 0:
                     break
                 time.sleep(0.05)
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=10)
-            except subprocess.TimeoutExpired:
-                pass
 
     def __enter__(self):
         return self.start()
@@ -281,11 +337,7 @@ class Sandbox:
 
     # ------------------------------------------------------------ exchange
     def _lose(self, reason):
-        if self.proc is not None:
-            try:
-                self.proc.wait(timeout=2)
-            except subprocess.TimeoutExpired:
-                self._kill_everything()
+        self._kill_everything()
         self.lost = f"the student's process {reason}"
         raise SandboxLost(self.lost)
 
@@ -294,19 +346,12 @@ class Sandbox:
         try:
             return self.channel.receive()
         except TimeoutError:
-            self._kill_everything()
             self._lose("stopped answering within the time limit and was stopped (an endless loop, or far too slow)")
         except EOFError:
-            self._lose(_describe_exit(self.proc.poll() if self.proc.poll() is not None else self._wait_code()))
+            code = self.zygote.exit_code(self.pid) if self.zygote else None
+            self._lose(_describe_exit(code))
         except wire.WireError as exc:
-            self._kill_everything()
             self._lose(f"sent malformed data ({exc}) and was stopped")
-
-    def _wait_code(self):
-        try:
-            return self.proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            return None
 
     def request(self, header, blobs=(), timeout=None):
         """Send one request; serve the callbacks it makes; return the answer."""
@@ -317,7 +362,6 @@ class Sandbox:
         try:
             self.channel.send(header, list(blobs))
         except (TimeoutError, EOFError, OSError):
-            self._kill_everything()
             self._lose("stopped reading requests")
         while True:
             reply, reply_blobs = self._receive(deadline)
@@ -339,7 +383,6 @@ class Sandbox:
         try:
             self.channel.send(answer, out)
         except (TimeoutError, EOFError, OSError):
-            self._kill_everything()
             self._lose("stopped reading answers")
 
     # ------------------------------------------------------------ data

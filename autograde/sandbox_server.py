@@ -232,30 +232,131 @@ def _has_cuda():
 def _become(uid, nproc):
     import resource
 
-    os.setgroups([])
-    os.setgid(uid)
-    os.setuid(uid)
+    if uid >= 0:
+        os.setgroups([])
+        os.setgid(uid)
+        os.setuid(uid)
     resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
 
 
+def _limit(spec):
+    """In a new student process, before any of its code: limits and a session of its own."""
+    import resource
+
+    os.setsid()
+    resource.setrlimit(resource.RLIMIT_CPU, (spec["cpu_s"], spec["cpu_s"] + 5))
+    resource.setrlimit(resource.RLIMIT_FSIZE, (spec["file_bytes"], spec["file_bytes"]))
+    resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if spec["memory_bytes"]:
+        resource.setrlimit(resource.RLIMIT_AS, (spec["memory_bytes"], spec["memory_bytes"]))
+    try:  # if the machine runs out of memory anyway, the kernel stops student code first
+        with open("/proc/self/oom_score_adj", "w") as fh:
+            fh.write("1000")
+    except OSError:
+        pass
+
+
+def _student_process(server, spec, conn):
+    """The forked child: becomes the student's process and serves until the grader hangs up."""
+    from autograde.wire import Channel
+
+    home = spec["home"]
+    _limit(spec)
+    os.chdir(home)
+    for name in ("HOME", "TMPDIR", "MPLCONFIGDIR"):
+        os.environ[name] = home
+    _become(spec["uid"], spec["nproc"])
+    fd = conn.detach()
+    server.channel = Channel(os.fdopen(fd, "rb", buffering=0), os.fdopen(os.dup(fd), "wb"))
+    server.serve()
+
+
+MIN_FREE_MEMORY = 256 * 2**20  # what a notebook needs at least beyond the loaded libraries
+
+
+def _address_space():
+    with open("/proc/self/status") as fh:
+        for line in fh:
+            if line.startswith("VmSize:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def zygote(control_fd):
+    """A process with the libraries loaded that forks one student process per
+    request: each starts in a fraction of a second instead of importing
+    PyTorch again. It also reaps them and reports how each ended."""
+    import json
+    import select
+    import socket
+    import time
+
+    control = socket.socket(fileno=control_fd)
+    server = Server(None)
+    _preload()
+    server.warm_up()
+    ended = {}
+
+    def reap():
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            ended[pid] = os.waitstatus_to_exitcode(status)
+
+    def reply(message, fds=()):
+        socket.send_fds(control, [json.dumps(message).encode() + b"\n"], list(fds))
+
+    reply({"ready": os.getpid()})
+    buffer = b""
+    while True:
+        ready, _, _ = select.select([control], [], [], 0.2)
+        reap()
+        if not ready:
+            continue
+        data = control.recv(65536)
+        if not data:
+            os._exit(0)  # the grader is gone; its student processes end when their channels close
+        buffer += data
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            request = json.loads(line)
+            if request["op"] == "spawn":
+                needed = _address_space() + MIN_FREE_MEMORY
+                if request["memory_bytes"] and request["memory_bytes"] < needed:
+                    reply({"error": f"the memory limit ({request['memory_bytes'] // 2**20} MiB) leaves no room: "
+                                    f"the course's libraries alone take {_address_space() // 2**20} MiB of address "
+                                    f"space; allow at least {needed // 2**20 + 1} MiB"})
+                    continue
+                ours, theirs = socket.socketpair()
+                pid = os.fork()
+                if pid == 0:
+                    try:
+                        control.close()
+                        ours.close()
+                        _student_process(server, request, theirs)
+                    finally:
+                        os._exit(0)
+                theirs.close()
+                reply({"pid": pid}, [ours.fileno()])
+                ours.close()
+            elif request["op"] == "ended":
+                for _ in range(30):  # it was just killed or exited: give the reaper a moment
+                    reap()
+                    if request["pid"] in ended:
+                        break
+                    time.sleep(0.1)
+                reply({"pid": request["pid"], "code": ended.pop(request["pid"], None)})
+
+
 def main():
-    fd_in, fd_out, uid, nproc = (int(a) for a in sys.argv[1:5])
     # A write past the file-size limit should fail with an error, not kill us.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    from autograde.wire import Channel
-
-    channel = Channel(os.fdopen(fd_in, "rb", buffering=0), os.fdopen(fd_out, "wb"))
-    server = Server(channel)
-    _preload()
-    server.warm_up()
-    if uid >= 0:
-        _become(uid, nproc)
-    else:
-        import resource
-        resource.setrlimit(resource.RLIMIT_NPROC, (nproc, nproc))
-    server.serve()
-    os._exit(0)
+    zygote(int(sys.argv[1]))
 
 
 if __name__ == "__main__":

@@ -32,7 +32,7 @@ def _torch():
 
 def _npy_bytes(array):
     buf = io.BytesIO()
-    np.save(buf, np.ascontiguousarray(array), allow_pickle=False)
+    np.save(buf, array, allow_pickle=False)
     return buf.getvalue()
 
 
@@ -63,19 +63,19 @@ def _encode_tensor(t, blobs):
 def encode(value, blobs, on_other):
     """JSON-able form of `value`; arrays go to `blobs`. `on_other(value)` gives
     the marker for anything that is not plain data."""
+    if isinstance(value, np.generic) and not isinstance(value, np.object_):  # before float: np.float64 is one
+        return {"$": "npscalar", "dtype": value.dtype.str,
+                "v": encode(value.item(), blobs, on_other) if not isinstance(value, np.complexfloating)
+                else [_encode_float(value.real), _encode_float(value.imag)]}
     if value is None or isinstance(value, (bool, str)):
-        return value
+        return str(value) if isinstance(value, str) else bool(value) if value is not None else None
     if isinstance(value, int):
-        return value
+        return int(value)  # a subclass (with its own ==) arrives as a plain int
     if isinstance(value, float):
         return _encode_float(value)
     if isinstance(value, np.ndarray) and not value.dtype.hasobject:
         blobs.append(_npy_bytes(value))
         return {"$": "nd", "i": len(blobs) - 1}
-    if isinstance(value, np.generic) and not isinstance(value, np.object_):
-        return {"$": "npscalar", "dtype": value.dtype.str,
-                "v": encode(value.item(), blobs, on_other) if not isinstance(value, np.complexfloating)
-                else [_encode_float(value.real), _encode_float(value.imag)]}
     if isinstance(value, complex):
         return {"$": "complex", "v": [_encode_float(value.real), _encode_float(value.imag)]}
     torch = _torch()
