@@ -47,7 +47,7 @@ from autograde.record import (
 from autograde.sandbox import Limits
 from autograde.submissions import find_submissions
 from autograde.tripwire import Flag, release_sources, scan_notebook, write_report
-from autograde.worker import Job, grade_student, set_slot
+from autograde.worker import Job, Outcome, grade_student, set_slot
 from autograde.zip_input import unpack_zip
 
 NOTEBOOK_TIMEOUT_S = 1800
@@ -255,9 +255,12 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     context = multiprocessing.get_context("fork")
     with ProcessPoolExecutor(max_workers=min(workers, len(subs)), mp_context=context,
                              initializer=set_slot, initargs=(context.Value("i", 0),)) as pool:
-        futures = [pool.submit(grade_student, job) for job in jobs.values()]
+        futures = {pool.submit(grade_student, job): job.student for job in jobs.values()}
         for future in as_completed(futures):
-            outcome = future.result()
+            try:
+                outcome = future.result()
+            except Exception as exc:  # a worker died (BrokenProcessPool) or the grader has a bug
+                outcome = Outcome(student=futures[future], grader_error=f"{type(exc).__name__}: {exc}")
             if outcome.environment:
                 for f in futures:
                     f.cancel()

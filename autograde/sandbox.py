@@ -1,17 +1,25 @@
 """Running a student's code in a separate, limited process.
 
-The student process (autograde.sandbox_server) starts in a fresh, empty
-temporary directory with a minimal environment (no grading marker), limits on
-CPU time, address space, processes and file size, and, when the grader runs
-as root, as an unprivileged user of its own (one per worker, so that one
-student's fork bomb cannot starve another's). Requests and answers are plain
-data (autograde.wire). The tests run here, in the grader: a student function
-appears as a `Remote` proxy whose calls are answered by the student process.
+Each grading worker keeps one template process with the libraries loaded
+(autograde.sandbox_server.zygote) and forks a student process from it per
+notebook, so that PyTorch is not imported again for every student. The
+student process gets a fresh, empty temporary directory, a minimal
+environment (no grading marker), limits on CPU time, address space, processes
+and file size, and, when the grader runs as root, a user id of its own (one
+per worker, so that one student's fork bomb cannot starve another's and the
+grading folder, private to root, is out of reach). Without root it runs as
+the grader's user: separated, limited, but able to read what that user can.
+
+Requests and answers are plain data (autograde.wire). The tests run here, in
+the grader: a student function appears as a `Remote` proxy whose calls are
+answered by the student process.
 """
+import json
 import os
 import select
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -65,8 +73,6 @@ class _Zygote:
     (as the grader's user) that forks each student process on request."""
 
     def __init__(self):
-        import socket
-
         self.home = tempfile.mkdtemp(prefix="grader-template-")
         ours, theirs = socket.socketpair()
         log = open(os.path.join(self.home, "log"), "wb")
@@ -94,9 +100,6 @@ class _Zygote:
             return ""
 
     def _receive(self, timeout):
-        import json
-        import socket
-
         deadline = time.monotonic() + timeout
         fds = []
         while b"\n" not in self.buffer:
@@ -112,8 +115,6 @@ class _Zygote:
         return json.loads(line), fds
 
     def _send(self, message):
-        import json
-
         self.control.sendall(json.dumps(message).encode() + b"\n")
 
     def spawn(self, spec):

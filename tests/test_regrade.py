@@ -160,3 +160,25 @@ def test_a_broken_environment_records_no_zeros(tmp_path):
     db = sqlite3.connect(out / "gradebook.db")
     assert db.execute("SELECT count(*) FROM submitted_assignment").fetchone()[0] == 0
     assert not (out / "grades.csv").exists()
+
+
+@pytest.mark.parametrize("kind", ["bug", "worker dies"])
+def test_a_grader_failure_is_reported_not_recorded_as_a_zero(tmp_path, monkeypatch, capsys, kind):
+    from autograde import cli
+    from autograde import grade as grading
+    from tests import faulty_worker
+
+    submitted, out = first_round(tmp_path), tmp_path / "grading"
+    monkeypatch.setenv("FAULTY_STUDENT", "carol")
+    monkeypatch.setenv("FAULT", kind)
+    monkeypatch.setattr(grading, "grade_student", faulty_worker.grade_student)
+    status = cli.main(["grade", ASSIGNMENT, str(submitted), "--out", str(out), "--workers", "1"])
+    assert status == 4
+    assert "the grader itself failed" in capsys.readouterr().out
+    graded = rows(out)
+    assert graded["carol"]["status"] == "error" and "not the student's score" in graded["carol"]["problems"]
+    if kind == "bug":  # (a dead worker takes the students still queued on it along)
+        assert graded["alice"]["status"] == graded["bob"]["status"] == "graded"
+    db = sqlite3.connect(out / "gradebook.db")
+    recorded = dict(db.execute("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id"))
+    assert "carol" not in recorded and recorded["alice"] == 1
