@@ -1,3 +1,4 @@
 from autograde.cli import main
 
-raise SystemExit(main())
+if __name__ == "__main__":  # not when a worker process re-imports this module
+    raise SystemExit(main())

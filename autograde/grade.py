@@ -235,6 +235,10 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     source = {name: str(out / "source" / assignment / name) for name in expected}
     released = {name: release_sources(release[name]) for name in expected}
     limits = limits or Limits(call_timeout_s=cell_timeout)
+    if limits.memory_bytes and os.path.exists("/dev/nvidiactl"):
+        # CUDA reserves far more virtual memory than any address-space limit would allow.
+        log("a GPU driver is present: student processes get no address-space limit (CUDA needs the room)")
+        limits.memory_bytes = 0
     workers = max(1, workers or os.cpu_count() or 1)
     stage_root = out / "work"
     if stage_root.exists():
@@ -252,7 +256,9 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     results, conflicts = {}, []
     progress = Progress(len(subs), log)
     log(f"grading {len(subs)} submission(s) of '{assignment}' with {min(workers, len(subs))} worker(s)")
-    context = multiprocessing.get_context("fork")
+    # Workers start as fresh interpreters: forking a process that has threads
+    # (PyTorch's, a test runner's) can leave a lock held forever in the child.
+    context = multiprocessing.get_context("spawn")
     with ProcessPoolExecutor(max_workers=min(workers, len(subs)), mp_context=context,
                              initializer=set_slot, initargs=(context.Value("i", 0),)) as pool:
         futures = {pool.submit(grade_student, job): job.student for job in jobs.values()}
@@ -273,6 +279,7 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
             results[sub.student] = result
             progress.step(result)
 
+    shutil.rmtree(stage_root, ignore_errors=True)  # the executed notebooks are in submitted/ now
     ordered = [results[sub.student] for sub in subs]
     grades_csv = out / "grades.csv"
     partial = grades_csv.with_suffix(".csv.partial")

@@ -210,23 +210,17 @@ PRELOAD = [
     "autograde.compare", "autograde.memory", "autograde.torch_memory", "autograde.triton_env",
     "autograde.checks.principles", "autograde.checks.variants", "autograde.checks.complexity",
 ]
+# Importing Triton does not touch the GPU, so this template can still fork
+# children that start CUDA themselves.
 PRELOAD_TRITON = ["triton", "triton.language", "autograde.triton_trace", "autograde.checks.flash"]
 
 
 def _preload():
-    for name in PRELOAD + (PRELOAD_TRITON if os.environ.get("TRITON_INTERPRET") == "1" or _has_cuda() else []):
+    for name in PRELOAD + PRELOAD_TRITON:
         try:
             importlib.import_module(name)
         except Exception:  # a missing optional library is the notebook's problem, reported when it imports it
             pass
-
-
-def _has_cuda():
-    try:
-        import torch
-        return torch.cuda.is_available()
-    except Exception:
-        return False
 
 
 def _become(uid, nproc):
