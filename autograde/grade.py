@@ -123,12 +123,13 @@ def _prepare_course(assignment, out, cell_timeout):
     return Course(api=NbGraderAPI(config=scoring_config(config)), db_url=db_url, max_score=max_score, grade_cells=_grade_cells(notebooks))
 
 
-def _record_scores(result, gradebook, assignment):
+def _record_scores(result, gradebook, assignment, required=True):
     try:
         submission = gradebook.find_submission(assignment, result.student)
     except MissingEntry:
-        result.status = "failed"
-        result.problems.append("nbgrader recorded no submission")
+        if required:
+            result.status = "failed"
+            result.problems.append("nbgrader recorded no submission")
         return
     result.score = float(submission.score)
     result.max_score = float(submission.max_score)
@@ -179,10 +180,8 @@ def _record(course, assignment, out, sub, outcome, stage):
         result.status = "ungradable"
         zero_automatic_grades(course.db_url, assignment, sub.student)
     with Gradebook(course.db_url) as gb:
-        _record_scores(result, gb, assignment)
-    if result.status == "failed" and not outcome.staged:
-        result.status = "ungradable"  # no gradebook entry because nothing could be graded
-        result.problems.remove("nbgrader recorded no submission")
+        # With nothing gradable, a student never graded before has no entry.
+        _record_scores(result, gb, assignment, required=bool(outcome.staged))
     for key, (score, _) in outcome.scores.items():
         stored = result.cells.get(key)
         if stored not in ("", None) and float(stored) != score and not before:

@@ -1,7 +1,25 @@
 """Peak memory of a call: NumPy's buffers as traced by Python's tracemalloc
 (NumPy reports its allocations to it), plus the PyTorch tensors created during
 the call. Inputs allocated before the call are not counted."""
+import contextlib
 import tracemalloc
+
+
+@contextlib.contextmanager
+def _numpy_peak():
+    """Yields a list that holds, on exit, the peak bytes traced inside the block."""
+    was_tracing = tracemalloc.is_tracing()
+    if not was_tracing:
+        tracemalloc.start()
+    tracemalloc.reset_peak()
+    start, _ = tracemalloc.get_traced_memory()
+    measured = []
+    try:
+        yield measured
+        measured.append(max(tracemalloc.get_traced_memory()[1] - start, 0))
+    finally:
+        if not was_tracing:
+            tracemalloc.stop()
 
 
 def traced_peak(fn, *args, **kwargs):
@@ -13,32 +31,14 @@ def traced_peak(fn, *args, **kwargs):
     if find_remote([fn, *args, *kwargs.values()]) is not None:
         return in_student_process(traced_peak, fn, *args, **kwargs)  # measured where the code runs
     warm_up()  # PyTorch's first dispatch-mode call loads code; keep that out of the peak
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    start, _ = tracemalloc.get_traced_memory()
-    try:
-        with TorchTensorBytes() as tensors:
-            result = fn(*args, **kwargs)
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
-    return result, max(peak - start, 0) + tensors.peak
+    with TorchTensorBytes() as tensors, _numpy_peak() as numpy_bytes:
+        result = fn(*args, **kwargs)
+    return result, numpy_bytes[0] + tensors.peak
 
 
 def numpy_peak(fn, *args):
     """Peak bytes NumPy allocates while fn(*args) runs: what the notebooks'
     setup helper `peak_bytes` measures, run where the student's code lives."""
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    start, _ = tracemalloc.get_traced_memory()
-    try:
+    with _numpy_peak() as numpy_bytes:
         fn(*args)
-        return max(tracemalloc.get_traced_memory()[1] - start, 0)
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
+    return numpy_bytes[0]
