@@ -20,9 +20,7 @@ from pathlib import Path
 
 import nbformat
 
-from autograde.course import REPO, config_file_text, nbgrader_config, source_notebooks
-
-SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+from autograde.course import REPO, config_file_text, nbgrader_config, solution_code, source_notebooks
 
 
 def _answers(source):
@@ -30,8 +28,7 @@ def _answers(source):
     for cell in source.cells:
         meta = cell.metadata.get("nbgrader", {})
         if meta.get("solution") and cell.cell_type == "code":
-            answers[meta["grade_id"]] = "\n".join(
-                ln for ln in cell.source.split("\n") if ln.strip() not in SOLUTION_MARKERS)
+            answers[meta["grade_id"]] = solution_code(cell)
     return answers
 
 

@@ -15,6 +15,14 @@ EXERCISES = REPO / "exercises"
 CELL_TIMEOUT_S = 120
 
 
+SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+
+
+def solution_code(source_cell):
+    """An instructor's solution cell as a student who solved it would leave it."""
+    return "\n".join(ln for ln in source_cell.source.split("\n") if ln.strip() not in SOLUTION_MARKERS)
+
+
 class CourseError(Exception):
     """A problem with the instructor's input (names, paths): printed, not traced."""
 

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 import nbformat
 
 from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, find_remote, student_function
+from autograde.structure import is_test, nbgrader_of
 
 MAX_RESTARTS = 20  # each costs at most a cell's time limit; the notebook's limit bounds them all
 
@@ -32,17 +33,17 @@ class Execution:
     messages: dict = field(default_factory=dict)  # grade_id -> failure message
 
 
-def _nb(meta):
-    return meta.get("nbgrader", {}) if isinstance(meta.get("nbgrader"), dict) else {}
+def _nb(cell):
+    meta = nbgrader_of(cell)
+    return meta if isinstance(meta, dict) else {}
 
 
 def is_test_cell(cell):
-    meta = _nb(cell.metadata)
-    return cell.cell_type == "code" and bool(meta.get("grade")) and not meta.get("solution")
+    return cell.cell_type == "code" and is_test(cell)
 
 
 def is_setup_cell(cell):
-    meta = _nb(cell.metadata)
+    meta = _nb(cell)
     return cell.cell_type == "code" and bool(meta.get("locked")) and not meta.get("grade") \
         and not meta.get("solution")
 
@@ -53,6 +54,10 @@ def _stream(name, text):
 
 def _error(ename, evalue, tb_lines):
     return nbformat.v4.new_output("error", ename=ename, evalue=evalue, traceback=tb_lines)
+
+
+def _not_run(reason):
+    return _error("NotRun", reason, [f"NotRun: {reason}"])
 
 
 def _measuring_setup_helpers(ns):
@@ -111,6 +116,10 @@ class NotebookRun:
     def _time_left(self):
         return self.deadline - time.monotonic()
 
+    def _cell_time(self):
+        """Seconds the next cell (or call) may take: its own limit, within the notebook's."""
+        return max(min(self.cell_timeout, self._time_left()), 1)
+
     def _event(self, kind, cell, detail):
         self.result.events.append((kind, cell, detail))
 
@@ -125,15 +134,14 @@ class NotebookRun:
         try:
             self.sandbox.restart()
             for source in self.ran:
-                self.sandbox.run_cell(source, timeout=max(min(self.cell_timeout, self._time_left()), 1))
+                self.sandbox.run_cell(source, timeout=self._cell_time())
         except SandboxLost as exc:
             self.dead = f"not run: the student's process could not be restored ({exc})"
 
     # ------------------------------------------------------------ cells
     def _run_student_cell(self, cell, label):
-        timeout = min(self.cell_timeout, self._time_left())
         try:
-            reply = self.sandbox.run_cell(cell.source, timeout=max(timeout, 1))
+            reply = self.sandbox.run_cell(cell.source, timeout=self._cell_time())
         except SandboxLost as exc:
             cell.outputs = [_error("ProcessLost", str(exc), [f"ProcessLost: {exc}"])]
             self._recover(label)
@@ -161,7 +169,7 @@ class NotebookRun:
         filename = f"<{label}>"
         linecache.cache[filename] = (len(cell.source), None, cell.source.splitlines(True), filename)
         out = io.StringIO()
-        self.sandbox.limits.call_timeout_s = max(min(self.cell_timeout, self._time_left()), 1)
+        self.sandbox.limits.call_timeout_s = self._cell_time()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
                     warnings.catch_warnings():
@@ -174,13 +182,13 @@ class NotebookRun:
             return out.getvalue(), RuntimeError(f"the test cell called exit({exc.code})")
 
     def _run_test_cell(self, cell, label):
-        points = float(_nb(cell.metadata).get("points", 0))
+        points = float(_nb(cell).get("points", 0))
         if self.dead or self._time_left() <= 0:
             reason = self.dead or f"not run: the notebook's time limit ({self.notebook_timeout} s) was reached"
             if not self.dead:
                 self._event("time-limit", label, reason)
                 self.dead = reason
-            cell.outputs = [_error("NotRun", reason, [f"NotRun: {reason}"])]
+            cell.outputs = [_not_run(reason)]
             self.result.scores[label] = (0.0, points)
             self.result.messages[label] = reason
             return
@@ -215,12 +223,12 @@ class NotebookRun:
                 if cell.cell_type != "code":
                     continue
                 cell.execution_count = None
-                label = _nb(cell.metadata).get("grade_id") or f"cell {index + 1}"
+                label = _nb(cell).get("grade_id") or f"cell {index + 1}"
                 if is_test_cell(cell):
                     self._run_test_cell(cell, label)
                 elif self.dead or self._time_left() <= 0:
                     reason = self.dead or "not run: the notebook's time limit was reached"
-                    cell.outputs = [_error("NotRun", reason, [f"NotRun: {reason}"])]
+                    cell.outputs = [_not_run(reason)]
                 elif is_setup_cell(cell):
                     self._run_setup_cell(cell, label)
                 else:
@@ -242,7 +250,7 @@ def submitted_passes(notebook):
     for cell in notebook.cells:
         if is_test_cell(cell) and cell.get("execution_count") is not None:
             errors = [o for o in cell.get("outputs", []) if o.get("output_type") == "error"]
-            passed[_nb(cell.metadata).get("grade_id")] = not errors
+            passed[_nb(cell).get("grade_id")] = not errors
     return passed
 
 

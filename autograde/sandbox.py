@@ -51,21 +51,32 @@ class Limits:
     call_timeout_s: float = 120
 
 
-def _own_process_count(uid):
+def _count_processes(uid=None, session=None, zombies=False):
+    """Processes of a user (uid) or in a session (its leader's pid), from /proc."""
     count = 0
     for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as fh:
+                state, _, pgrp = fh.read().rpartition(")")[2].split()[:3]
+            if state in "ZX" and not zombies:
+                continue
+            if uid is not None:
                 count += os.stat(f"/proc/{entry}").st_uid == uid
-            except OSError:
-                pass
+            else:
+                count += int(pgrp) == session
+        except (OSError, ValueError):
+            pass
     return count
 
 
 def _process_limit(limits, uid):
     """RLIMIT_NPROC counts every process of the user, so as the grader's own
     user leave room for the processes it already has."""
-    return limits.processes if uid is not None else limits.processes + _own_process_count(os.getuid())
+    if uid is not None:
+        return limits.processes
+    return limits.processes + _count_processes(uid=os.getuid(), zombies=True)  # zombies count for the kernel too
 
 
 class _Zygote:
@@ -268,22 +279,9 @@ class Sandbox:
     def _processes(self):
         """How many live processes the student's code has: those of its own
         user (as root), or those in its session. Zombies do not count."""
-        count = 0
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
-            try:
-                with open(f"/proc/{entry}/stat") as fh:
-                    state, _, pgrp = fh.read().rpartition(")")[2].split()[:3]
-                if state in "ZX":
-                    continue
-                if self.uid is not None:
-                    count += os.stat(f"/proc/{entry}").st_uid == self.uid
-                else:
-                    count += self.pid is not None and int(pgrp) == self.pid
-            except (OSError, ValueError):
-                pass
-        return count
+        if self.uid is not None:
+            return _count_processes(uid=self.uid)
+        return _count_processes(session=self.pid) if self.pid is not None else 0
 
     def _watch(self):
         if self.pid is not None and self._processes() > MAX_PROCESSES:
@@ -392,8 +390,7 @@ class Sandbox:
 
     def _outgoing(self, value):
         if isinstance(value, Remote):
-            if value._generation != self.generation:
-                raise SandboxLost("this object belonged to a student process that has since been restarted")
+            value._check_alive()
             return value._marker
         module = getattr(value, "__module__", "") or ""
         qualname = getattr(value, "__qualname__", "")
@@ -566,7 +563,6 @@ def in_student_process(helper, *args, **kwargs):
     remote = find_remote(list(args) + list(kwargs.values()))
     if remote is None:
         return helper(*args, **kwargs)
-    remote._check_alive()
     return remote._sandbox.call({"ref": f"{helper.__module__}:{helper.__qualname__}"}, args, kwargs)
 
 

@@ -22,36 +22,37 @@ def _clip(text):
     return text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + "\n... (output cut)"
 
 
+def _mro(value):
+    """Qualified names of the value's classes, so the grader can recognise their families."""
+    return [f"{c.__module__}.{c.__qualname__}" for c in type(value).__mro__]
+
+
 def _exception(exc):
-    mro = [f"{c.__module__}.{c.__qualname__}" for c in type(exc).__mro__]
-    return {"type": type(exc).__name__, "mro": mro, "message": _clip(str(exc))[:4000],
+    return {"type": type(exc).__name__, "mro": _mro(exc), "message": _clip(str(exc))[:4000],
             "traceback": _clip("".join(traceback.format_exception(exc)))}
 
 
 class Server:
     def __init__(self, channel):
         from IPython.core.interactiveshell import InteractiveShell
+        from traitlets.config import Config
 
         from autograde import wire
 
         self.wire = wire
         self.channel = channel
-        from traitlets.config import Config
-
         config = Config()
         config.HistoryManager.hist_file = ":memory:"
         self.shell = InteractiveShell.instance(config=config)
         self.shell.showtraceback = self._remember_traceback
         self.initial = set(self.shell.user_ns)
         self.handles = {}
-        self._last_error = None
 
     # ------------------------------------------------------------ encoding
     def _handle(self, value):
         key = len(self.handles) + 1
         self.handles[key] = value
-        mro = [f"{c.__module__}.{c.__qualname__}" for c in type(value).__mro__]
-        return {"$": "handle", "id": key, "type": type(value).__name__, "mro": mro,
+        return {"$": "handle", "id": key, "type": type(value).__name__, "mro": _mro(value),
                 "callable": callable(value)}
 
     def _callback(self, key):
@@ -86,6 +87,9 @@ class Server:
             return target
         raise self.wire.WireError(f"unknown marker {tag!r}")
 
+    def _refuse(self, value):
+        raise self.wire.WireError(f"a {type(value).__name__} is not data")
+
     def _is_primitive(self, value):
         """Attributes that are values (numbers, shapes) cross as data; anything
         else, tensors included, stays here so that methods can mutate it."""
@@ -100,7 +104,6 @@ class Server:
 
     # ------------------------------------------------------------ requests
     def run_cell(self, header, blobs):
-        self._last_error = None
         with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
             # With history each cell gets its own name in linecache, which
             # Triton's interpreter needs to read a kernel's source.
@@ -162,8 +165,11 @@ class Server:
         out_blobs = []
         mirror = {}
         for i, arg in enumerate(list(args) + list(kwargs.values())):
-            if self.wire.is_data(arg) and hasattr(arg, "shape"):
-                mirror[str(i)] = self.wire.encode(arg, out_blobs, self._handle)
+            if hasattr(arg, "shape"):  # arrays and tensors go back, in case the call changed them
+                try:
+                    mirror[str(i)] = self.wire.encode(arg, out_blobs, self._refuse)
+                except Exception:  # not data (or an object whose attributes fail): it stays here
+                    pass
         return {"kind": "value", "value": self.wire.encode(value, out_blobs, self._handle),
                 "mirror": mirror}, out_blobs
 
@@ -191,9 +197,7 @@ class Server:
                 reply, out_blobs = {"kind": "error", "error": _exception(exc)}, []
             try:
                 self.channel.send(reply, out_blobs)
-            except self.wire.WireError as exc:
-                self.channel.send({"kind": "error", "error": _exception(exc)})
-            except (TypeError, ValueError) as exc:  # e.g. a non-finite float hidden in a dict
+            except (self.wire.WireError, TypeError, ValueError) as exc:  # e.g. a NaN hidden in a dict
                 self.channel.send({"kind": "error", "error": _exception(exc)})
 
 

@@ -11,7 +11,6 @@ for each blob an 8-byte length and the bytes."""
 import io
 import json
 import math
-import numbers
 import struct
 
 import numpy as np
@@ -164,23 +163,6 @@ def decode(obj, blobs, on_marker):
     if tag == "slice":
         return slice(*(decode(x, blobs, on_marker) for x in obj["v"]))
     return on_marker(obj)
-
-
-def is_data(value):
-    """True if `value` crosses as plain data (no handles or callbacks needed)."""
-    def refuse(_):
-        raise WireError
-    try:
-        encode(value, [], refuse)
-        return True
-    except WireError:
-        return False
-    except Exception:  # a strange object whose attributes raise: not data
-        return False
-
-
-def is_number(value):
-    return isinstance(value, numbers.Number)
 
 
 # ------------------------------------------------------------------ frames

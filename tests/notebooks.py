@@ -6,17 +6,11 @@ from pathlib import Path
 
 import nbformat
 
-SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
+from autograde.course import solution_code  # noqa: F401  (the tests' submissions use it through here)
 
 
 def nbgrader_meta(cell):
     return cell.get("metadata", {}).get("nbgrader", {})
-
-
-def solution_code(source_cell):
-    """A source solution cell as a student who solved it would leave it."""
-    lines = source_cell.source.split("\n")
-    return "\n".join(ln for ln in lines if ln.strip() not in SOLUTION_MARKERS)
 
 
 def filled_submission(release_nb_path, source_nb_path, overrides=None, answer_text="The scaled scores shrink."):

@@ -93,7 +93,10 @@ def test_objects_are_not_data():
     seen = []
     wire.encode([Custom(), np.array([object()])], [], lambda v: seen.append(type(v).__name__) or {"$": "x"})
     assert seen == ["Custom", "ndarray"]
-    assert not wire.is_data(np.array([None, 1], dtype=object))
+    def refuse(value):
+        raise wire.WireError(type(value).__name__)
+    with pytest.raises(wire.WireError, match="ndarray"):
+        wire.encode(np.array([None, 1], dtype=object), [], refuse)
 
 
 def test_a_pickle_disguised_as_an_array_is_refused():
