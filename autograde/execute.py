@@ -63,7 +63,7 @@ def _not_run(reason):
 def _measuring_setup_helpers(ns):
     """The notebooks' setup defines peak_bytes(fn, *args); measured here it would
     see only the proxy, so a student function is measured in its own process."""
-    from autograde.memory import numpy_peak
+    from student_runtime.probes import numpy_peak
     from autograde.sandbox import in_student_process
 
     if callable(ns.get("peak_bytes")):

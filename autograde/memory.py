@@ -1,44 +1,13 @@
-"""Peak memory of a call: NumPy's buffers as traced by Python's tracemalloc
-(NumPy reports its allocations to it), plus the PyTorch tensors created during
-the call. Inputs allocated before the call are not counted."""
-import contextlib
-import tracemalloc
-
-
-@contextlib.contextmanager
-def _numpy_peak():
-    """Yields a list that holds, on exit, the peak bytes traced inside the block."""
-    was_tracing = tracemalloc.is_tracing()
-    if not was_tracing:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    start, _ = tracemalloc.get_traced_memory()
-    measured = []
-    try:
-        yield measured
-        measured.append(max(tracemalloc.get_traced_memory()[1] - start, 0))
-    finally:
-        if not was_tracing:
-            tracemalloc.stop()
+"""The grader's view of coursekit.memory.traced_peak: a student's function is
+measured in the student's own process, where its code runs."""
+from coursekit.memory import traced_peak as _traced_peak_here
 
 
 def traced_peak(fn, *args, **kwargs):
-    """(result, peak bytes allocated during fn(*args, **kwargs)). The NumPy and
-    PyTorch peaks are added, an upper bound on the joint peak."""
+    """(result, peak bytes allocated during fn(*args, **kwargs)), measured in
+    the student's process when a student object is among the arguments."""
     from autograde.sandbox import find_remote, in_student_process
-    from autograde.torch_memory import TorchTensorBytes, warm_up
 
     if find_remote([fn, *args, *kwargs.values()]) is not None:
-        return in_student_process(traced_peak, fn, *args, **kwargs)  # measured where the code runs
-    warm_up()  # PyTorch's first dispatch-mode call loads code; keep that out of the peak
-    with TorchTensorBytes() as tensors, _numpy_peak() as numpy_bytes:
-        result = fn(*args, **kwargs)
-    return result, numpy_bytes[0] + tensors.peak
-
-
-def numpy_peak(fn, *args):
-    """Peak bytes NumPy allocates while fn(*args) runs: what the notebooks'
-    setup helper `peak_bytes` measures, run where the student's code lives."""
-    with _numpy_peak() as numpy_bytes:
-        fn(*args)
-    return numpy_bytes[0]
+        return in_student_process(_traced_peak_here, fn, *args, **kwargs)
+    return _traced_peak_here(fn, *args, **kwargs)

@@ -1,7 +1,7 @@
 """Running a student's code in a separate, limited process.
 
 Each grading worker keeps one template process with the libraries loaded
-(autograde.sandbox_server.zygote) and forks a student process from it per
+(student_runtime.server.zygote) and forks a student process from it per
 notebook, so that PyTorch is not imported again for every student. The
 student process gets a fresh, empty temporary directory, a minimal
 environment (no grading marker), limits on CPU time, address space, processes
@@ -10,7 +10,7 @@ per worker, so that one student's fork bomb cannot starve another's and the
 grading folder, private to root, is out of reach). Without root it runs as
 the grader's user: separated, limited, but able to read what that user can.
 
-Requests and answers are plain data (autograde.wire). The tests run here, in
+Requests and answers are plain data (student_runtime.wire). The tests run here, in
 the grader: a student function appears as a `Remote` proxy whose calls are
 answered by the student process.
 """
@@ -26,11 +26,14 @@ import tempfile
 import time
 from dataclasses import dataclass
 
-from autograde import wire
+from student_runtime import wire
 
 STARTUP_TIMEOUT_S = 120
 WATCH_INTERVAL_S = 0.25
 MAX_PROCESSES = 8  # a notebook has no reason to start more; more is a fork bomb, stopped at once
+# Packages whose functions the grader may ask the student process to run by
+# name: they hold no answer and are importable there.
+STUDENT_SIDE = ("student_runtime", "coursekit")
 BASE_UID = 61000  # the student processes of worker slot k run as uid BASE_UID + k (when root)
 
 
@@ -89,7 +92,7 @@ class _Zygote:
         log = open(os.path.join(self.home, "log"), "wb")
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "autograde.sandbox_server", str(theirs.fileno())],
+                [sys.executable, "-m", "student_runtime.server", str(theirs.fileno())],
                 pass_fds=(theirs.fileno(),), cwd=self.home, env=_environment(self.home),
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         except OSError as exc:
@@ -173,7 +176,7 @@ def _environment(home):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": home,
            "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": home, "PYTHONDONTWRITEBYTECODE": "1",
            "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
-    from autograde.triton_env import triton_device
+    from coursekit.triton_env import triton_device
 
     # Decided before the student's process starts, because Triton reads it once
     # when it is imported (the setup cells of the notebooks decide the same way).
@@ -394,7 +397,7 @@ class Sandbox:
             return value._marker
         module = getattr(value, "__module__", "") or ""
         qualname = getattr(value, "__qualname__", "")
-        if callable(value) and module.split(".")[0] == "autograde" and "<" not in qualname:
+        if callable(value) and module.split(".")[0] in STUDENT_SIDE and "<" not in qualname:
             return {"$": "ref", "v": f"{module}:{qualname}"}  # runs there, e.g. a measuring helper
         if callable(value):
             key = len(self.callbacks) + 1
@@ -480,7 +483,7 @@ def remote_exception(info):
     name = str(info.get("type", "Exception"))[:100]
     message = str(info.get("message", ""))
     mro = [str(m) for m in info.get("mro", [])]
-    if "autograde.compare.GradingFailure" in mro:
+    if "student_runtime.calls.GradingFailure" in mro:
         return GradingFailure(message)
     base = Exception
     for qual in mro:
@@ -559,7 +562,8 @@ def in_student_process(helper, *args, **kwargs):
     """helper(*args, **kwargs), run where the student's code lives: in the
     sandbox when a student object is among the arguments (measurements such as
     peak memory or kernel launches must be taken in the process that runs the
-    code), here otherwise. `helper` must be a module-level function of autograde."""
+    code), here otherwise. `helper` must be a module-level function of a
+    student-side package (STUDENT_SIDE): autograde itself is not importable there."""
     remote = find_remote(list(args) + list(kwargs.values()))
     if remote is None:
         return helper(*args, **kwargs)

@@ -17,7 +17,7 @@ PATTERNS = {
     "uses ctypes": r"\bctypes\b",
     "uses the garbage collector (gc)": r"\bimport\s+gc\b|\bgc\.",
     "inspects frames or source (inspect)": r"\bimport\s+inspect\b|\binspect\.|\bsys\._getframe\b",
-    "rebinds an attribute of a course library": r"^\s*(?:np|numpy|torch|triton|tl|autograde)(?:\.\w+)+\s*=(?!=)",
+    "rebinds an attribute of a course library": r"^\s*(?:np|numpy|torch|triton|tl|autograde|coursekit|student_runtime|tracemalloc)(?:\.\w+)+\s*=(?!=)",
     "exits its process (os._exit)": r"\bos\._exit\b",
     "opens a file outside its folder": r"\bopen\(\s*[rbf]?['\"](?:/|\.\.|~)",
 }

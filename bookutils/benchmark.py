@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from autograde.memory import traced_peak
+from coursekit.memory import traced_peak
 from bookutils.triton_kernels import DEVICE, flash_forward
 
 

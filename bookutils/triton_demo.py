@@ -2,10 +2,10 @@
 "Triton from zero": who-wrote-what, vector addition, row-wise softmax and a
 tiled matrix product. Each kernel comes with a launcher that allocates the
 output and chooses the grid. On a machine without a GPU they run under Triton's
-interpreter (TRITON_INTERPRET=1, set by autograde.triton_env)."""
+interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env)."""
 import torch
 
-from autograde.triton_env import triton_device
+from coursekit.triton_env import triton_device
 
 DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 

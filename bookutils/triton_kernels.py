@@ -1,12 +1,12 @@
 """The Triton kernels of Chapter 4: standard attention as three kernels that pass
 S and P through memory, and the fused FlashAttention forward kernel. Tensors are
 (batch, heads, n, d); on a machine without a GPU they run under Triton's
-interpreter (TRITON_INTERPRET=1, set by autograde.triton_env)."""
+interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env)."""
 import math
 
 import torch
 
-from autograde.triton_env import triton_device
+from coursekit.triton_env import triton_device
 
 DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 

@@ -16,7 +16,7 @@ os.environ.pop("MPLBACKEND", None)
 
 # Without a GPU, Triton kernels defined in this process run in Triton's interpreter.
 # (Set before anything defines a kernel; notebooks' kernels decide for themselves.)
-from autograde.triton_env import triton_device  # noqa: E402
+from coursekit.triton_env import triton_device  # noqa: E402
 
 triton_device(quiet=True)
 

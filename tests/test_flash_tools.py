@@ -11,11 +11,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from autograde.memory import traced_peak
+from coursekit.memory import traced_peak
 from autograde.reference import flash as ref
-from autograde.torch_memory import TorchTensorBytes
-from autograde.triton_env import triton_device
-from autograde.triton_trace import interpreting, trace_kernels
+from coursekit.torch_memory import TorchTensorBytes
+from coursekit.triton_env import triton_device
+from coursekit.triton_trace import interpreting, trace_kernels
 from tests.conftest import REPO
 
 DEVICE = triton_device(quiet=True)

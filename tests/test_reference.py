@@ -134,7 +134,7 @@ def test_additive_attention_matches_a_torch_loop_over_pairs():
 
 # ---------------------------------------------------------------- Chapter 3
 
-from autograde.memory import traced_peak  # noqa: E402
+from coursekit.memory import traced_peak  # noqa: E402
 from autograde.reference import complexity  # noqa: E402
 
 

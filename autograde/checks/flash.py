@@ -12,6 +12,7 @@ from autograde.compare import (GradingFailure, call, call_unchanged, describe, e
                                expect_sequence)
 from autograde.memory import traced_peak
 from autograde.sandbox import in_student_process
+from student_runtime import probes
 from autograde.reference import flash as ref
 
 RNG_SEED = 20264
@@ -165,16 +166,6 @@ def check_traffic_flash(hbm_traffic_flash):
 
 # ------------------------------------------------------------- the Triton kernel
 
-# Operators that compute attention (or its products) in PyTorch instead of a kernel.
-FORBIDDEN_OPS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "dot", "einsum", "softmax", "_softmax",
-                 "log_softmax", "_log_softmax", "scaled_dot_product", "flash_attention", "efficient_attention")
-
-
-def _forbidden(op_names):
-    return sorted({name for name in op_names
-                   if name in FORBIDDEN_OPS or "scaled_dot_product" in name or "attention" in name})
-
-
 def _tolerances(dtype):
     """float32: the interpreter's products are exact float32 (rtol 1e-4 leaves room for
     a different summation order). float16/bfloat16 on a GPU: P is rounded to the input
@@ -187,60 +178,11 @@ def _tolerances(dtype):
     return {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}[dtype]
 
 
-def _traced_call(flash_attention, q, k, v, causal, sm_scale, what):
-    """Run the student's launcher under the kernel trace and the operator recorder.
-    Returns (output, trace)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from autograde.triton_trace import interpreting, trace_kernels
-
-    class OperatorNames(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
-    kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
-    with trace_kernels() as trace, OperatorNames() as ops:
-        out = call(flash_attention, q, k, v, what=what, **kwargs)
-        if q.is_cuda:
-            torch.cuda.synchronize()
-    used = _forbidden(ops.names)
-    if used:
-        raise GradingFailure(f"{what} used PyTorch's {', '.join(used)}: the attention must be computed by your Triton "
-                             "kernel; the launcher may only allocate the output (and the log-sum-exp) and launch it.")
-    if trace.total_launches == 0:
-        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernel as kernel[grid](...).")
-    if interpreting():
-        out_bytes = out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
-        if trace.bytes_stored < out_bytes or trace.bytes_loaded < q.numel() * q.element_size():
-            raise GradingFailure(
-                f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "
-                f"reading every query needs {q.numel() * q.element_size()} and writing the output {out_bytes}: "
-                "the output must be computed and stored by your kernel (tl.load, tl.store).")
-    return out, trace
-
-
-def _cuda_traced_peak(flash_attention, q, k, v, what):
-    """(output, peak CUDA bytes beyond what was allocated before the call)."""
-    import torch
-
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    out, _ = _traced_call(flash_attention, q, k, v, False, None, what)
-    return out, torch.cuda.max_memory_allocated() - base
-
-
 def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
                  layout="contiguous"):
     import torch
 
-    from autograde.triton_env import triton_device
+    from coursekit.triton_env import triton_device
 
     device = triton_device(quiet=True)
     dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
@@ -257,7 +199,7 @@ def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, d
     what = (f"flash_attention(q, k, v of shape {tuple(shape)}, {dtype}, causal={causal}"
             + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + (", non-contiguous" if layout != "contiguous" else "")
             + ")")
-    out, _ = in_student_process(_traced_call, flash_attention, q, k, v, causal, sm_scale, what)
+    out, _ = in_student_process(probes.flash_traced_call, flash_attention, q, k, v, causal, sm_scale, what)
     if not isinstance(out, torch.Tensor):
         raise GradingFailure(f"{what} should return a torch.Tensor, but returned {describe(out)}.")
     if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != q.device:
@@ -278,7 +220,7 @@ def check_flash_output(flash_attention):
     On a GPU also bfloat16 (the interpreter has no bfloat16 arithmetic, so not on the CPU)."""
     import torch
 
-    from autograde.triton_env import triton_device
+    from coursekit.triton_env import triton_device
 
     for i, shape in enumerate([(1, 1, 64, 16), (1, 2, 64, 32), (2, 1, 128, 64), (1, 1, 64, 128), (2, 2, 64, 16)]):
         _check_flash(flash_attention, shape, seed=100 + i)
@@ -330,7 +272,7 @@ def check_flash_memory(flash_attention):
     exceeds. GPU: torch.cuda.max_memory_allocated, the same rule."""
     import torch
 
-    from autograde.triton_env import triton_device
+    from coursekit.triton_env import triton_device
 
     device = triton_device(quiet=True)
     dtype = torch.float16 if device == "cuda" else torch.float32
@@ -344,9 +286,9 @@ def check_flash_memory(flash_attention):
         what = f"flash_attention(q, k, v of shape (1, 1, {n}, {d}))"
         call(flash_attention, q, k, v, what=what)   # a first call at each size loads code and fills caches
         if device == "cuda":
-            out, peak = in_student_process(_cuda_traced_peak, flash_attention, q, k, v, what)
+            out, peak = in_student_process(probes.cuda_flash_peak, flash_attention, q, k, v, what)
         else:
-            (out, _), peak = traced_peak(_traced_call, flash_attention, q, k, v, False, None, what)
+            (out, _), peak = traced_peak(probes.flash_traced_call, flash_attention, q, k, v, False, None, what)
         expected = ref.attention(q.double().cpu().numpy(), k.double().cpu().numpy(), v.double().cpu().numpy())
         expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=_tolerances(dtype)[0],
                      atol=_tolerances(dtype)[1])

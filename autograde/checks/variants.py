@@ -13,6 +13,7 @@ from autograde.compare import (
 )
 from autograde.reference import variants as ref
 from autograde.sandbox import in_student_process, is_instance
+from student_runtime import probes
 
 RNG_SEED = 20261
 
@@ -133,25 +134,6 @@ def check_decode_step(decode_step):
                     f"a cache of 5 stored rows (d_model={d_model}, d_k={d_k}, d_v={d_v})")
 
 
-def _counting_decode_steps(decode_with_kv_cache, x, *weights, what):
-    """(output, shapes of each decode_step call): decode_step is looked up in
-    the function's own module and wrapped for the duration of the call."""
-    namespace = getattr(decode_with_kv_cache, "__globals__", {})
-    step = namespace.get("decode_step")
-    calls = []
-    if callable(step):
-        def counting_step(x_t, cache_k, cache_v, *args, **kwargs):
-            calls.append((np.shape(x_t), np.shape(cache_k), np.shape(cache_v)))
-            return step(x_t, cache_k, cache_v, *args, **kwargs)
-        namespace["decode_step"] = counting_step
-    try:
-        found = call(decode_with_kv_cache, x, *weights, what=what)
-    finally:
-        if callable(step):
-            namespace["decode_step"] = step
-    return found, calls
-
-
 def check_decode_with_kv_cache(decode_with_kv_cache):
     """Equal to full causal self-attention for many sizes, and built from one
     decode_step call per token, each given one token and the cache so far."""
@@ -161,7 +143,7 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
         weights = _decoder_weights(rng, d_model, d_k, d_v)
         what = f"decode_with_kv_cache for x of shape {x.shape}, d_k={d_k}, d_v={d_v}"
         before = [x.copy(), *(w.copy() for w in weights)]
-        found, calls = in_student_process(_counting_decode_steps, decode_with_kv_cache, x, *weights, what=what)
+        found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, what=what)
         for b, a in zip(before, (x, *weights)):
             expect_unchanged(b, a, what=what)
         calls = [tuple(tuple(shape) for shape in c) for c in calls]

@@ -1,7 +1,7 @@
 """Following the memory of PyTorch tensors on the CPU. PyTorch allocates CPU
 tensors outside Python's allocator, so tracemalloc does not see them; this
 follows them through PyTorch's dispatcher instead. Kept apart from
-autograde.memory so that torch is imported only when needed."""
+coursekit.memory so that torch is imported only when needed."""
 import weakref
 
 import torch

@@ -1,9 +1,9 @@
-"""The process that runs a student's code (started by autograde.sandbox).
+"""The process that runs a student's code (started by autograde.sandbox in the grader).
 
 It runs the notebook's non-test cells in an IPython shell and then answers
 requests from the grader: call a student function, read an attribute of an
-object it returned, or run one of autograde's measuring helpers on the
-student's function. Every answer is plain data (autograde.wire); an object
+object it returned, or run one of the measuring probes (student_runtime.probes) on the
+student's function. Every answer is plain data (student_runtime.wire); an object
 that is not data stays here and the grader gets a numbered handle to it.
 Nothing here decides a grade: the tests run in the grader's process."""
 import contextlib
@@ -37,7 +37,7 @@ class Server:
         from IPython.core.interactiveshell import InteractiveShell
         from traitlets.config import Config
 
-        from autograde import wire
+        from student_runtime import wire
 
         self.wire = wire
         self.channel = channel
@@ -127,7 +127,7 @@ class Server:
         try:  # the measuring helpers import parts of PyTorch on first use
             import numpy as np
 
-            from autograde.memory import traced_peak
+            from coursekit.memory import traced_peak
             traced_peak(lambda: np.ones(4) + 1)
         except Exception:
             pass
@@ -211,12 +211,12 @@ PRELOAD = [
     "numpy", "numpy.linalg", "numpy.random", "numpy.fft",
     "torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch", "torch.utils.flop_counter",
     "matplotlib", "matplotlib.pyplot",
-    "autograde.compare", "autograde.memory", "autograde.torch_memory", "autograde.triton_env",
-    "autograde.checks.principles", "autograde.checks.variants", "autograde.checks.complexity",
+    "student_runtime.calls", "student_runtime.probes", "coursekit.memory", "coursekit.torch_memory",
+    "coursekit.triton_env",
 ]
 # Importing Triton does not touch the GPU, so this template can still fork
 # children that start CUDA themselves.
-PRELOAD_TRITON = ["triton", "triton.language", "autograde.triton_trace", "autograde.checks.flash"]
+PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace"]
 
 
 def _preload():
@@ -256,7 +256,7 @@ def _limit(spec):
 
 def _student_process(server, spec, conn):
     """The forked child: becomes the student's process and serves until the grader hangs up."""
-    from autograde.wire import Channel
+    from student_runtime.wire import Channel
 
     home = spec["home"]
     _limit(spec)

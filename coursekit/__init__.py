@@ -1,0 +1,6 @@
+"""The course's public toolkit: measuring helpers that the book, the students
+and the grader all use (peak memory of a call, PyTorch tensor memory, where
+Triton kernels run, what a Triton kernel loads and stores).
+
+Public side of the course: it ships in the student release. Nothing here
+holds an answer or a test."""
