@@ -1,4 +1,4 @@
-"""Command line: `python -m autograde generate` and `python -m autograde grade`."""
+"""Command line: `python -m autograde generate`, `grade` and `release`."""
 import argparse
 import sys
 
@@ -10,6 +10,15 @@ def _generate(args):
 
     for path in regenerate_exercises():
         print(f"wrote {path}")
+    return 0
+
+
+def _release(args):
+    from autograde.release import write_release
+
+    out = write_release(args.destination)
+    print(f"wrote the student release to {out}\n"
+          f"check it with: (cd {out} && ./scripts/test), then commit and push it to the public repository")
     return 0
 
 
@@ -25,6 +34,7 @@ def _grade(args):
     # a bug in the grader is, and says so with a non-zero status.
     try:
         limits = Limits(call_timeout_s=args.timeout or CELL_TIMEOUT_S)
+        limits.isolate = not args.no_namespaces
         if args.memory_limit is not None:
             limits.memory_bytes = args.memory_limit * 2**20
         summary = grade(args.assignment, args.submissions, args.out, cell_timeout=args.timeout,
@@ -44,6 +54,10 @@ def main(argv=None):
     gen = sub.add_parser("generate", help="regenerate exercises/ from solutions/ with nbgrader")
     gen.set_defaults(run=_generate)
 
+    rel = sub.add_parser("release", help="write the student release (book, exercises, no answers) into a folder")
+    rel.add_argument("destination", help="folder outside this repository, e.g. a clone of the public repository")
+    rel.set_defaults(run=_release)
+
     grd = sub.add_parser("grade", help="autograde a folder of submissions and write grades.csv and feedback")
     grd.add_argument("assignment", help="assignment name, a folder of solutions/ (e.g. ch1_principles)")
     grd.add_argument("submissions", help="folder in nbgrader's layout, <student>/<assignment>/*.ipynb, or a zip "
@@ -56,6 +70,9 @@ def main(argv=None):
                      help="seconds a whole notebook may run before its remaining cells score 0 (default 1800)")
     grd.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
                      help="address space a student's process may use, in MiB (default 4096)")
+    grd.add_argument("--no-namespaces", action="store_true",
+                     help="grade where namespaces cannot be made (no bubblewrap, user namespaces off): student code "
+                          "then runs with process limits only and can read what this user can read")
     grd.add_argument("--workers", type=int, default=None,
                      help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)

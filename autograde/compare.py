@@ -69,7 +69,9 @@ def expect_scalar(found, *, what):
 
 
 def expect_unchanged(before, after, *, what):
-    if not np.array_equal(before, after, equal_nan=True):
+    from autograde.sandbox import changed_in_place
+
+    if changed_in_place(after) or not np.array_equal(before, after, equal_nan=True):
         raise GradingFailure(f"{what} modified its input array in place; work on a copy instead.")
 
 

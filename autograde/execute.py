@@ -31,6 +31,7 @@ class Execution:
     scores: dict = field(default_factory=dict)  # grade_id -> (score, points)
     events: list = field(default_factory=list)  # (kind, cell, detail): crashes, time limits
     messages: dict = field(default_factory=dict)  # grade_id -> failure message
+    sightings: list = field(default_factory=list)  # (what, cell, detail): the audit hook's, for the report only
 
 
 def _nb(cell):
@@ -235,6 +236,13 @@ class NotebookRun:
                     self._run_student_cell(cell, label)
         finally:
             self.sandbox.close()
+            seen = set()
+            for sighting in self.sandbox.sightings:  # from the audit hook in the student's process
+                key = (sighting.get("what"), sighting.get("detail"))
+                if key not in seen:
+                    seen.add(key)
+                    self.result.sightings.append((sighting.get("what", "audit"), sighting.get("cell") or "notebook",
+                                                  sighting.get("detail", "")))
         return self.result
 
 

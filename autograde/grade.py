@@ -18,6 +18,7 @@ import csv
 import multiprocessing
 import os
 import shutil
+import sys
 import time
 import warnings
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -44,7 +45,7 @@ from autograde.record import (
     scoring_config,
     zero_automatic_grades,
 )
-from autograde.sandbox import Limits
+from autograde.sandbox import Limits, namespaces_available
 from autograde.submissions import find_submissions
 from autograde.tripwire import Flag, release_sources, scan_notebook, write_report
 from autograde.worker import Job, Outcome, grade_student, set_slot
@@ -213,6 +214,19 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     warnings.filterwarnings("ignore", module="nbgrader")
     warnings.filterwarnings("ignore", message=".*not in session.*")
     started = time.monotonic()
+    # nbgrader and Jupyter start their tools by name: find them beside this
+    # interpreter even when its bin/ folder is not on PATH.
+    os.environ["PATH"] = os.pathsep.join([os.path.dirname(sys.executable), os.environ.get("PATH", "")])
+    limits = limits or Limits(call_timeout_s=cell_timeout or CELL_TIMEOUT_S)
+    if limits.isolate:
+        why = namespaces_available()
+        if why:
+            raise EnvironmentProblem(f"student code cannot be isolated on this machine: {why}. Grading with "
+                                     "process limits only is possible with --no-namespaces (student code could "
+                                     "then read what this user can read, the course included).")
+    else:
+        log("warning: --no-namespaces: student code runs with process limits only; it can read what this user "
+            "can read, the course and its hidden tests included")
     out = Path(out) if out else Path("grading") / assignment
     expected = [nb.name for nb in source_notebooks(assignment)]
     out.mkdir(parents=True, exist_ok=True)
@@ -233,7 +247,6 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     release = {name: str(out / "release" / assignment / name) for name in expected}
     source = {name: str(out / "source" / assignment / name) for name in expected}
     released = {name: release_sources(release[name]) for name in expected}
-    limits = limits or Limits(call_timeout_s=cell_timeout)
     if limits.memory_bytes and os.path.exists("/dev/nvidiactl"):
         # CUDA reserves far more virtual memory than any address-space limit would allow.
         log("a GPU driver is present: student processes get no address-space limit (CUDA needs the room)")

@@ -1,19 +1,30 @@
-"""Running a student's code in a separate, limited process.
+"""Running a student's code in a separate, limited, isolated process.
 
 Each grading worker keeps one template process with the libraries loaded
 (student_runtime.server.zygote) and forks a student process from it per
 notebook, so that PyTorch is not imported again for every student. The
-student process gets a fresh, empty temporary directory, a minimal
+template runs inside bubblewrap (`bwrap`): its own mount, PID, network, IPC
+and UTS namespaces, a read-only view of the system and of the Python
+installation, the student-side packages (student_runtime, coursekit,
+bookutils) copied into a private folder, and a small private /tmp. The course
+repository, the output folder, the gradebook, other students and the grader's
+processes are not in that view, and the instructor-only package `autograde`
+cannot be imported there.
+
+Each student process gets a fresh private folder in that /tmp, a minimal
 environment (no grading marker), limits on CPU time, address space, processes
-and file size, and, when the grader runs as root, a user id of its own (one
-per worker, so that one student's fork bomb cannot starve another's and the
-grading folder, private to root, is out of reach). Without root it runs as
-the grader's user: separated, limited, but able to read what that user can.
+and file size, and, when the grader runs as root, a user id of its own, held
+for the life of the worker with a lock so that two grading commands on one
+machine never share one. Without root the template runs in an unprivileged
+user namespace and is started afresh for every student.
 
 Requests and answers are plain data (student_runtime.wire). The tests run here, in
 the grader: a student function appears as a `Remote` proxy whose calls are
 answered by the student process.
 """
+import atexit
+import contextlib
+import fcntl
 import json
 import os
 import select
@@ -25,6 +36,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 from student_runtime import wire
 
@@ -34,7 +46,14 @@ MAX_PROCESSES = 8  # a notebook has no reason to start more; more is a fork bomb
 # Packages whose functions the grader may ask the student process to run by
 # name: they hold no answer and are importable there.
 STUDENT_SIDE = ("student_runtime", "coursekit")
-BASE_UID = 61000  # the student processes of worker slot k run as uid BASE_UID + k (when root)
+BASE_UID = 61000  # student user ids are taken from BASE_UID up, one per worker (when root)
+UID_RANGE = 4096
+LOCK_DIR = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
+STUDENT_PACKAGES = ("student_runtime", "coursekit", "bookutils")  # importable in the sandbox, nothing else of the course
+TMP_BYTES = 512 * 2**20  # the disk (memory-backed) all of a worker's student files may fill
+VENV_VIEW = "/opt/course-python"  # where the sandbox sees the grader's virtual environment
+MAX_CALLBACK_BYTES = 64 * 2**20
+GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process may bring into the grader  # what a student may hand to a grader-side function in one call
 
 
 class SandboxLost(Exception):
@@ -52,6 +71,7 @@ class Limits:
     processes: int = 64  # the hard limit; the watchdog stops a notebook at MAX_PROCESSES already
     file_bytes: int = 64 * 2**20
     call_timeout_s: float = 120
+    isolate: bool = True  # namespaces (bwrap); False: process limits only, by the instructor's explicit choice
 
 
 def _count_processes(uid=None, session=None, zombies=False):
@@ -82,29 +102,172 @@ def _process_limit(limits, uid):
     return limits.processes + _count_processes(uid=os.getuid(), zombies=True)  # zombies count for the kernel too
 
 
+def _ns_pids(pid):
+    """The pid in every PID namespace it belongs to, outermost first (NSpid)."""
+    try:
+        with open(f"/proc/{pid}/status") as fh:
+            for line in fh:
+                if line.startswith("NSpid:"):
+                    return [int(x) for x in line.split()[1:]]
+    except OSError:
+        pass
+    return []
+
+
+def _children(pid):
+    found = []
+    try:
+        for task in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{task}/children") as fh:
+                found += [int(x) for x in fh.read().split()]
+    except OSError:
+        pass
+    return found
+
+
+def host_pid(root, inner):
+    """The pid, as this process sees it, of the descendant of `root` whose pid
+    inside its own namespace is `inner`: the sandbox reports inner pids."""
+    queue = [root]
+    while queue:
+        pid = queue.pop(0)
+        if pid != root and (_ns_pids(pid) or [None])[-1] == inner:
+            return pid
+        queue += _children(pid)
+    return None
+
+
+def namespaces_available():
+    """None when bwrap can make the sandbox's namespaces here, else why not."""
+    if shutil.which("bwrap") is None:
+        return "bubblewrap (bwrap) is not installed: apt-get install bubblewrap"
+    probe = _bwrap_prefix(tempfile.gettempdir()) + ["--", "/bin/true"]
+    try:
+        proc = subprocess.run(probe, capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"bwrap could not run: {exc}"
+    if proc.returncode != 0:
+        return f"bwrap cannot create namespaces here: {proc.stderr.strip() or proc.returncode}"
+    return None
+
+
+def _bwrap_prefix(lib):
+    """bwrap's arguments: new namespaces and a read-only view of the system and
+    of Python, the student-side packages from `lib`, a private /tmp."""
+    args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
+            "--unshare-cgroup-try"]
+    if os.geteuid() != 0:
+        args.append("--unshare-user")  # unprivileged: the namespaces need a user namespace of their own
+    args += ["--ro-bind", "/usr", "/usr"]
+    for path in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/etc"):
+        args += ["--ro-bind-try", path, path]
+    binds = [(path, path) for path in sorted({sys.base_prefix,
+                                              os.path.dirname(os.path.dirname(os.path.realpath(sys.executable)))})
+             if not path.startswith("/usr/")]
+    if sys.prefix != sys.base_prefix:  # a virtual environment: seen at a neutral place, not where the course is
+        binds.append((sys.prefix, VENV_VIEW))
+    binds.append((lib, "/course/lib"))
+    for source, target in binds:
+        # Folders bwrap makes on the way are private to root unless told otherwise.
+        parents = [str(parent) for parent in reversed(Path(target).parents) if str(parent) != "/"]
+        for parent in parents:
+            args += ["--perms", "0755", "--dir", parent]
+        args += ["--ro-bind", source, target]
+    args += ["--proc", "/proc", "--dev", "/dev"]
+    for device in sorted(os.listdir("/dev")):  # a GPU, where there is one
+        if device.startswith("nvidia"):
+            args += ["--dev-bind", f"/dev/{device}", f"/dev/{device}"]
+    args += ["--size", str(TMP_BYTES), "--tmpfs", "/tmp", "--tmpfs", "/dev/shm", "--dir", "/tmp/template",
+             "--chdir", "/tmp/template"]
+    return args
+
+
+def _options_pipe(options):
+    """A pipe's read end holding bwrap's options, NUL-separated."""
+    read, write = os.pipe()
+    data = b"".join(arg.encode() + b"\0" for arg in options)
+    if len(data) > 60_000:  # a pipe buffer holds 64 KiB; bwrap reads it before starting anything
+        raise EnvironmentFailure("the sandbox's options do not fit a pipe")
+    os.write(write, data)
+    os.close(write)
+    return read
+
+
+def _stage_student_packages(folder):
+    """Copy the student-side packages where the sandbox reads them: a copy, so
+    that nothing else of the course is reachable from there."""
+    lib = os.path.join(folder, "lib")
+    for name in STUDENT_PACKAGES:
+        source = os.path.dirname(__import__(name).__file__)
+        shutil.copytree(source, os.path.join(lib, name), ignore=shutil.ignore_patterns("__pycache__"))
+    for root, dirs, files in os.walk(folder):
+        os.chmod(root, 0o755)
+        for name in files:
+            os.chmod(os.path.join(root, name), 0o644)
+    return lib
+
+
+def _server_command(lib, fd, python=sys.executable):
+    """Python running student_runtime.server from `lib`, with no PYTHONPATH
+    in the environment for student code to read."""
+    start = f"import sys; sys.path.insert(0, {lib!r}); from student_runtime.server import main; main()"
+    return [python, "-c", start, str(fd)]
+
+
+def _sandbox_python():
+    """The interpreter as the sandbox sees it."""
+    if sys.prefix == sys.base_prefix:
+        return sys.executable
+    return os.path.join(VENV_VIEW, os.path.relpath(sys.executable, sys.prefix))
+
+
+# Student code runs in namespaces unless the instructor explicitly chose
+# process limits only (`--no-namespaces`), which the report then says.
+ISOLATE = True
+
+
 class _Zygote:
     """One per grading worker: a process with the course's libraries loaded
-    (as the grader's user) that forks each student process on request."""
+    (inside the sandbox) that forks each student process on request."""
 
     def __init__(self):
         self.home = tempfile.mkdtemp(prefix="grader-template-")
         ours, theirs = socket.socketpair()
         log = open(os.path.join(self.home, "log"), "wb")
+        fds = [theirs.fileno()]
+        if ISOLATE:
+            lib = _stage_student_packages(self.home)
+            env = _environment("/tmp/template")
+            options = _bwrap_prefix(lib)[1:] + ["--clearenv"] + \
+                [arg for name, value in env.items() for arg in ("--setenv", name, value)]
+            # Through a pipe (--args), so that the sandbox's own command line,
+            # readable inside it, names no path of the grader's machine.
+            fds.append(_options_pipe(options))
+            command = ["bwrap", "--args", str(fds[-1]), "--"] + \
+                _server_command("/course/lib", theirs.fileno(), _sandbox_python())
+        else:
+            env = _environment(self.home)
+            command = _server_command(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), theirs.fileno())
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "student_runtime.server", str(theirs.fileno())],
-                pass_fds=(theirs.fileno(),), cwd=self.home, env=_environment(self.home),
+                command, pass_fds=fds, cwd=self.home, env=env,
                 stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
         except OSError as exc:
             raise EnvironmentFailure(f"could not start Python for student code: {exc}") from None
         finally:
             log.close()
             theirs.close()
+            for fd in fds[1:]:
+                os.close(fd)
         self.control = ours
         self.buffer = b""
         message, _ = self._receive(STARTUP_TIMEOUT_S)
         if "ready" not in message:
             raise EnvironmentFailure(f"the process for student code did not start:\n{self.log_tail()}")
+        self.pid = host_pid(self.proc.pid, int(message["ready"])) if ISOLATE else self.proc.pid
+
+    def host_pid(self, inner):
+        return host_pid(self.pid, inner) if ISOLATE else inner
 
     def log_tail(self):
         try:
@@ -141,6 +304,25 @@ class _Zygote:
             raise EnvironmentFailure("the process for student code could not start a student process")
         return int(message["pid"]), fds[0]
 
+    def sweep(self, pid, uid, home):
+        """Have the template end the student's processes and remove its folder."""
+        try:
+            self._send({"op": "sweep", "pid": pid, "uid": -1 if uid is None else uid, "home": home,
+                        "isolated": ISOLATE})
+            self._receive(60)
+        except (OSError, EnvironmentFailure):
+            pass
+
+    def sightings(self, pid):
+        """What the audit hook of a student process reported (a list of dicts)."""
+        try:
+            self._send({"op": "audit", "pid": pid})
+            message, _ = self._receive(30)
+        except (OSError, EnvironmentFailure):
+            return []
+        events = message.get("events")
+        return events if isinstance(events, list) else []
+
     def exit_code(self, pid):
         try:
             self._send({"op": "ended", "pid": pid})
@@ -156,6 +338,8 @@ class _Zygote:
         try:
             self.control.close()
         finally:
+            with contextlib.suppress(OSError):
+                os.killpg(self.proc.pid, signal.SIGKILL)  # bwrap and the namespace it holds
             self.proc.kill()
             self.proc.wait()
             shutil.rmtree(self.home, ignore_errors=True)
@@ -168,8 +352,18 @@ def _zygote():
     """This process's zygote, started on first use (and again if it died)."""
     global _ZYGOTE
     if _ZYGOTE is None or not _ZYGOTE.alive():
+        if _ZYGOTE is not None:
+            _ZYGOTE.close()
         _ZYGOTE = _Zygote()
     return _ZYGOTE
+
+
+@atexit.register
+def _close_zygote():
+    """Nothing of a worker is left behind when it ends: its template process
+    and its folder go with it."""
+    if _ZYGOTE is not None:
+        _ZYGOTE.close()
 
 
 def _environment(home):
@@ -242,33 +436,61 @@ class _TimedPipe:
         pass
 
 
+_UID_LOCK = None  # (uid, open lock file) held by this worker process for its life
+
+
+def _student_uid():
+    """A user id for this worker's students that no other worker, and no other
+    grading command on this machine, uses at the same time (as root only)."""
+    global _UID_LOCK
+    if os.geteuid() != 0:
+        return None
+    if _UID_LOCK is None:
+        for uid in range(BASE_UID, BASE_UID + UID_RANGE):
+            handle = open(os.path.join(LOCK_DIR, f"attention-course-grader-uid-{uid}.lock"), "a")
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                handle.close()
+                continue
+            if _count_processes(uid=uid, zombies=True) == 0:  # not left running by a killed run
+                _UID_LOCK = (uid, handle)
+                break
+            handle.close()
+        else:
+            raise EnvironmentFailure(f"no free user id for student code in {BASE_UID}..{BASE_UID + UID_RANGE}")
+    return _UID_LOCK[0]
+
+
 class Sandbox:
     """One student process at a time; `restart()` replaces it after a crash."""
 
     def __init__(self, limits=None, slot=0):
+        global ISOLATE
         self.limits = limits or Limits()
-        self.uid = BASE_UID + slot if os.geteuid() == 0 else None
-        self.pid = None  # the student process (a child of this worker's zygote)
+        ISOLATE = self.limits.isolate  # one setting per grading run, so per worker process
+        self.uid = _student_uid()
+        self.pid = None  # the student process (a child of this worker's zygote), as the zygote sees it
+        self.host = None  # the same process as this one sees it (for /proc)
         self.zygote = None
         self.home = None
         self.lost = None  # why the current process was lost, if it was
         self.callbacks = {}
+        self.sightings = []  # what the audit hooks of this sandbox's student processes reported
         self.generation = 0  # bumped at each restart; proxies of an old process are stale
 
     # ------------------------------------------------------------ lifecycle
     def start(self):
         self._kill_everything()  # nothing left over from an earlier student of this worker
-        self.home = tempfile.mkdtemp(prefix="student-")
-        if self.uid is not None:
-            os.chown(self.home, self.uid, self.uid)
-        os.chmod(self.home, 0o700)
+        self.home = "/tmp/student" if ISOLATE else tempfile.mkdtemp(prefix="student-")
         spec = {"home": self.home, "uid": -1 if self.uid is None else self.uid,
                 "nproc": _process_limit(self.limits, self.uid), "cpu_s": self.limits.cpu_s,
                 "memory_bytes": self.limits.memory_bytes, "file_bytes": self.limits.file_bytes}
         self.zygote = _zygote()
         self.pid, fd = self.zygote.spawn(spec)
+        self.host = self.zygote.host_pid(self.pid)
         self.writer, self.reader = _TimedPipe(os.dup(fd), self._watch), _TimedPipe(fd, self._watch)
-        self.channel = wire.Channel(self.reader, self.writer)
+        self.channel = wire.Channel(self.reader, self.writer, max_bytes=GRADER_FRAME_BYTES)
         self.lost = None
         try:
             header, _ = self._receive(time.monotonic() + STARTUP_TIMEOUT_S)
@@ -284,7 +506,7 @@ class Sandbox:
         user (as root), or those in its session. Zombies do not count."""
         if self.uid is not None:
             return _count_processes(uid=self.uid)
-        return _count_processes(session=self.pid) if self.pid is not None else 0
+        return _count_processes(session=self.host) if self.host is not None else 0
 
     def _watch(self):
         if self.pid is not None and self._processes() > MAX_PROCESSES:
@@ -304,32 +526,28 @@ class Sandbox:
                     except OSError:
                         pass
             self._kill_everything()
-            self.pid = None
-        if self.home:
+            self.pid = self.host = None
+        if self.home and not ISOLATE:
             shutil.rmtree(self.home, ignore_errors=True)
-            self.home = None
+        self.home = None
 
     def _kill_everything(self):
-        if self.pid is not None:
+        global _ZYGOTE
+        if self.pid is None or self.zygote is None:
+            return
+        if self.host is not None:
             try:
-                os.killpg(self.pid, signal.SIGKILL)  # its session: it and what it started
+                os.killpg(self.host, signal.SIGKILL)  # its session: it and what it started
             except OSError:
                 pass
-        if self.uid is not None:
-            # Children that left the session (setsid) still run as our uid; a
-            # fork bomb may fork between two sweeps, so sweep until none is left.
-            for _ in range(100):
-                pid = os.fork()
-                if pid == 0:
-                    try:
-                        os.setuid(self.uid)
-                        os.kill(-1, signal.SIGKILL)
-                    finally:
-                        os._exit(0)
-                os.waitpid(pid, 0)
-                if self._processes() == 0:
-                    break
-                time.sleep(0.05)
+        self.sightings += self.zygote.sightings(self.pid)
+        if ISOLATE and self.uid is None:
+            # Without root every student shares the grader's user id, so only
+            # ending the whole namespace ends what a student left running.
+            self.zygote.close()
+            _ZYGOTE = None
+        else:
+            self.zygote.sweep(self.pid, self.uid, self.home)
 
     def __enter__(self):
         return self.start()
@@ -354,6 +572,10 @@ class Sandbox:
             self._lose(_describe_exit(code))
         except wire.WireError as exc:
             self._lose(f"sent malformed data ({exc}) and was stopped")
+        except SandboxLost:
+            raise  # the watchdog already stopped it, with its own reason
+        except Exception as exc:  # a forged frame is the student's doing, never a grader failure
+            self._lose(f"sent malformed data ({type(exc).__name__}) and was stopped")
 
     def request(self, header, blobs=(), timeout=None):
         """Send one request; serve the callbacks it makes; return the answer."""
@@ -374,6 +596,12 @@ class Sandbox:
     def _serve_callback(self, reply, blobs, deadline):
         fn = self.callbacks.get(reply.get("id"))
         try:
+            size = sum(len(blob) for blob in blobs)
+            if size > MAX_CALLBACK_BYTES:
+                raise ValueError(f"the student's code passed {size // 2**20} MiB to a grader function "
+                                 f"(at most {MAX_CALLBACK_BYTES // 2**20} MiB)")
+            if not callable(fn):
+                raise ValueError("no such grader function")
             args = self.decode(reply.get("args"), blobs)
             kwargs = self.decode(reply.get("kwargs"), blobs)
             value = fn(*args, **kwargs)
@@ -423,7 +651,19 @@ class Sandbox:
     def run_cell(self, source, timeout=None):
         reply, _ = self.request({"kind": "run_cell", "source": source}, timeout=timeout)
         if reply.get("kind") == "error":  # the server itself failed on this cell
-            return {"stdout": "", "stderr": "", "error": reply.get("error")}
+            reply = {"stdout": "", "stderr": "", "error": reply.get("error")}
+        return self._checked_cell_reply(reply)
+
+    def _checked_cell_reply(self, reply):
+        """A cell's reply as the grader reads it: text where text belongs, an
+        error as a dict of text. Anything else was forged, and the student's doing."""
+        error = reply.get("error")
+        fields = ("type", "message", "traceback")
+        well_formed = isinstance(reply.get("stdout", ""), str) and isinstance(reply.get("stderr", ""), str) and (
+            error is None or (isinstance(error, dict) and all(isinstance(error.get(f, ""), str) for f in fields)
+                              and isinstance(error.get("mro", []), list)))
+        if not well_formed:
+            self._lose("sent a malformed reply and was stopped")
         return reply
 
     def names(self):
@@ -432,6 +672,7 @@ class Sandbox:
 
     def call(self, target, args, kwargs):
         self.callbacks = {}
+        _CHANGED_IN_PLACE.clear()
         blobs = []
         header = {"kind": "call", "target": target, "args": self.encode(list(args), blobs),
                   "kwargs": self.encode(dict(kwargs), blobs)}
@@ -443,30 +684,44 @@ class Sandbox:
         return self._answer(reply, reply_blobs, [])
 
     def _answer(self, reply, blobs, sent):
+        if not isinstance(reply.get("mirror") or {}, dict) or not isinstance(reply.get("error") or {}, dict):
+            self._lose("sent a malformed reply and was stopped")
         if reply.get("kind") == "error":
             raise remote_exception(reply.get("error") or {})
         if reply.get("kind") != "value":
             raise SandboxLost(f"the student's process answered {reply.get('kind')!r}")
         for key, encoded in (reply.get("mirror") or {}).items():
-            _mirror(sent[int(key)], self.decode(encoded, blobs))
+            if not (isinstance(key, str) and key.isdigit() and int(key) < len(sent)):
+                self._lose("sent a malformed reply and was stopped")
+            original = sent[int(key)]
+            if _differs(original, self.decode(encoded, blobs)):
+                _CHANGED_IN_PLACE[id(original)] = original
         return self.decode(reply.get("value"), blobs)
 
 
-def _mirror(original, after):
-    """Copy an argument's state after the call back into the grader's own
-    object, so that 'the input was not modified' checks see what happened."""
+# Arguments that a student's call changed in place. The grader's own objects
+# are never changed: what a student does to its arguments cannot change what
+# it is compared with. Checks ask `changed_in_place` instead.
+_CHANGED_IN_PLACE = {}
+
+
+def _differs(original, after):
     import numpy as np
 
     torch = sys.modules.get("torch")
-    if isinstance(original, np.ndarray) and isinstance(after, np.ndarray) and original.shape == after.shape:
-        if original.flags.writeable and not np.array_equal(original, after, equal_nan=True):
-            np.copyto(original, after, casting="unsafe")
-    elif torch is not None and isinstance(original, torch.Tensor) and isinstance(after, torch.Tensor) \
-            and original.shape == after.shape:
-        after = after.to(device=original.device, dtype=original.dtype)
-        if not torch.equal(original, after):
-            with torch.no_grad():
-                original.copy_(after)
+    if isinstance(original, np.ndarray):
+        return not (isinstance(after, np.ndarray) and original.shape == after.shape
+                    and np.array_equal(original, after, equal_nan=True))
+    if torch is not None and isinstance(original, torch.Tensor):
+        if not (isinstance(after, torch.Tensor) and original.shape == after.shape):
+            return True
+        return not torch.equal(original, after.to(device=original.device, dtype=original.dtype))
+    return False
+
+
+def changed_in_place(obj):
+    """Whether a student's call changed this argument (the grader's copy is intact)."""
+    return _CHANGED_IN_PLACE.get(id(obj)) is obj
 
 
 _EXCEPTION_TYPES = {}

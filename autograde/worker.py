@@ -67,6 +67,8 @@ def _grade_notebook(job, name, outcome):
     for kind, cell, detail in run.events:
         outcome.flags.append((name, cell, f"execution: {kind}", detail))
         outcome.problems.append(f"{name} {cell}: {detail}")
+    for what, cell, detail in run.sightings:
+        outcome.flags.append((name, cell, f"sandbox: {what}", detail))
     try:
         submitted = nbformat.read(Path(job.folder) / name, as_version=4)
         for gid, passed in submitted_passes(submitted).items():

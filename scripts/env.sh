@@ -17,18 +17,24 @@ if [ ! -x "$VENV/bin/python" ]; then
   "$PYTHON" -m venv "$VENV"
 fi
 
-stamp="$VENV/.installed"
+# The instructor's repository also installs its grading package; the student
+# release (no autograde/) only needs the pinned libraries.
+if [ -d "$ROOT/autograde" ]; then stamp="$VENV/.installed"; else stamp="$VENV/.installed-release"; fi
 want="$(cat requirements.txt pyproject.toml | "$VENV/bin/python" -c 'import hashlib,sys; print(hashlib.sha256(sys.stdin.buffer.read()).hexdigest())')"
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
   echo "==> installing pinned requirements into .venv/ (first run takes a few minutes)"
   "$VENV/bin/python" -m pip install --quiet --upgrade pip
   "$VENV/bin/python" -m pip install --quiet -r requirements.txt
-  # The course's own package (autograde): importable by notebook kernels and tests.
-  "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+  if [ -d "$ROOT/autograde" ]; then
+    # The course's own packages (autograde and the rest): importable by the grader and tests.
+    "$VENV/bin/python" -m pip install --quiet --no-deps --no-build-isolation -e .
+  fi
   echo "$want" > "$stamp"
 fi
 
 export PATH="$VENV/bin:$PATH"
+# The book's kernels import bookutils and coursekit from this tree.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 export VIRTUAL_ENV="$VENV"
 # Matplotlib writes its font cache here instead of the user's home. Kernels
 # choose their own inline backend; a backend forced from outside would drop the

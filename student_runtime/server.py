@@ -254,16 +254,104 @@ def _limit(spec):
         pass
 
 
-def _student_process(server, spec, conn):
+def _fresh_home(spec):
+    """The student's private folder: new and empty, theirs alone."""
+    import shutil
+
+    home = spec["home"]
+    shutil.rmtree(home, ignore_errors=True)
+    os.makedirs(home, mode=0o700)
+    if spec["uid"] >= 0:
+        os.chown(home, spec["uid"], spec["uid"])
+    os.chmod(home, 0o700)
+
+
+def _sweep(request):
+    """End everything a student started and remove what it wrote: its session,
+    every process of its user id (as root), its folder, and /dev/shm."""
+    import shutil
+    import time
+
+    with contextlib.suppress(OSError):
+        os.killpg(request["pid"], signal.SIGKILL)
+    uid = request.get("uid", -1)
+    if uid >= 0:
+        # Children that left the session (setsid) still run as that uid; a fork
+        # bomb may fork between two sweeps, so sweep until none is left.
+        for _ in range(100):
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setuid(uid)
+                    os.kill(-1, signal.SIGKILL)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+            if not _has_processes(uid):
+                break
+            time.sleep(0.05)
+    shutil.rmtree(request["home"], ignore_errors=True)
+    if os.path.isdir("/dev/shm") and request.get("isolated"):
+        for entry in os.listdir("/dev/shm"):
+            with contextlib.suppress(OSError):
+                path = os.path.join("/dev/shm", entry)
+                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+
+
+def _sightings(fd):
+    """The audit lines a student process has written so far."""
+    import json
+
+    data = b""
+    while fd is not None and len(data) < 2**20:
+        try:
+            chunk = os.read(fd, 65536)
+        except (BlockingIOError, OSError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    events = []
+    for line in data.decode(errors="replace").splitlines()[:200]:
+        with contextlib.suppress(ValueError):
+            event = json.loads(line)
+            if isinstance(event, dict):
+                events.append({k: str(event.get(k, ""))[:300] for k in ("what", "detail", "cell")})
+    return events
+
+
+def _has_processes(uid):
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            with contextlib.suppress(OSError):
+                if os.stat(f"/proc/{entry}").st_uid == uid:
+                    with open(f"/proc/{entry}/stat") as fh:
+                        if fh.read().rpartition(")")[2].split()[0] not in "ZX":
+                            return True
+    return False
+
+
+def _readable():
+    """Folders any import or library reads: not worth a report."""
+    return sorted({sys.prefix, sys.base_prefix, os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
+                   "/usr", "/etc", "/proc/self", "/sys", "/dev", "/lib", "/lib64", "/bin"})
+
+
+def _student_process(server, spec, conn, audit_fd):
     """The forked child: becomes the student's process and serves until the grader hangs up."""
+    from student_runtime import audit
     from student_runtime.wire import Channel
+
+    import tempfile
 
     home = spec["home"]
     _limit(spec)
     os.chdir(home)
     for name in ("HOME", "TMPDIR", "MPLCONFIGDIR"):
         os.environ[name] = home
+    tempfile.tempdir = home  # the template already asked once; the student's temporary files go home
     _become(spec["uid"], spec["nproc"])
+    audit.install(audit_fd, home, _readable())  # before any of the student's code, for the rest of its life
     fd = conn.detach()
     server.channel = Channel(os.fdopen(fd, "rb", buffering=0), os.fdopen(os.dup(fd), "wb"))
     server.serve()
@@ -308,6 +396,7 @@ def zygote(control_fd):
     def reply(message, fds=()):
         socket.send_fds(control, [json.dumps(message).encode() + b"\n"], list(fds))
 
+    audits = {}  # student pid -> read end of its audit pipe
     reply({"ready": os.getpid()})
     buffer = b""
     while True:
@@ -329,18 +418,34 @@ def zygote(control_fd):
                                     f"the course's libraries alone take {_address_space() // 2**20} MiB of address "
                                     f"space; allow at least {needed // 2**20 + 1} MiB"})
                     continue
+                _fresh_home(request)
                 ours, theirs = socket.socketpair()
+                sightings, report = os.pipe()
                 pid = os.fork()
                 if pid == 0:
                     try:
                         control.close()
                         ours.close()
-                        _student_process(server, request, theirs)
+                        os.close(sightings)
+                        for fd in audits.values():
+                            os.close(fd)
+                        _student_process(server, request, theirs, report)
                     finally:
                         os._exit(0)
+                os.close(report)
+                os.set_blocking(sightings, False)
+                audits[pid] = sightings
                 theirs.close()
                 reply({"pid": pid}, [ours.fileno()])
                 ours.close()
+            elif request["op"] == "audit":
+                reply({"events": _sightings(audits.get(request["pid"]))})
+            elif request["op"] == "sweep":
+                with contextlib.suppress(OSError, TypeError):
+                    os.close(audits.pop(request["pid"], None))
+                _sweep(request)
+                reap()
+                reply({"swept": True})
             elif request["op"] == "ended":
                 for _ in range(30):  # it was just killed or exited: give the reaper a moment
                     reap()

@@ -197,8 +197,8 @@ class Channel:
             raise WireError(f"frame header of {head_len} bytes with {n_blobs} arrays is too large")
         try:
             header = json.loads(self._read_exact(head_len))
-        except ValueError as exc:
-            raise WireError(f"malformed JSON header ({exc})") from None
+        except (ValueError, RecursionError) as exc:  # RecursionError: nested past any real answer
+            raise WireError(f"malformed JSON header ({type(exc).__name__})") from None
         blobs, total = [], head_len
         for _ in range(n_blobs):
             (size,) = struct.unpack(">Q", self._read_exact(8))

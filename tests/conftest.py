@@ -30,32 +30,3 @@ def run(cmd, cwd=REPO, timeout=1800, env=None):
 @pytest.fixture(scope="session")
 def repo():
     return REPO
-
-
-def toc_files():
-    """The pages of _toc.yml, in order, as paths without suffix."""
-    toc = yaml.safe_load((REPO / "_toc.yml").read_text())
-    files = [toc["root"]]
-
-    def walk(entries):
-        for entry in entries or []:
-            if "file" in entry:
-                files.append(entry["file"])
-            walk(entry.get("sections"))
-            walk(entry.get("chapters"))
-
-    for part in toc.get("parts", []):
-        walk(part.get("chapters"))
-    return files
-
-
-@pytest.fixture(scope="session")
-def site(tmp_path_factory):
-    """The real `jupyter-book build` (warnings are errors), once per test run:
-    (the _build folder, the build log)."""
-    out = tmp_path_factory.mktemp("site")
-    proc = run([shutil.which("jupyter-book") or "jupyter-book", "build", str(REPO), "--builder", "html",
-                "-W", "-n", "--keep-going", "--path-output", str(out)])
-    log = proc.stdout + proc.stderr
-    assert proc.returncode == 0, f"jupyter-book build failed:\n{log[-6000:]}"
-    return out / "_build", log

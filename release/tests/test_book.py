@@ -1,10 +1,10 @@
 """The real `jupyter-book build` of the course site: warnings are errors, every
 cell runs, every page of the table of contents is built, and nothing in the
-built site gives away a solution or a hidden test."""
+built site carries the marks of a solution or a hidden test."""
 import re
 
 from tests.conftest import toc_files
-from tests.leaks import find_leaks
+from tests.answers import answer_leaks
 
 
 def test_build_succeeds_without_warnings(site):
@@ -41,5 +41,5 @@ def test_figures_have_alt_text(site):
 
 def test_site_holds_no_solutions_or_hidden_tests(site):
     build, _ = site
-    leaks = find_leaks(build)
-    assert not leaks, "\n".join(f"{p.relative_to(build)}: {what!r}" for p, what in leaks[:20])
+    leaks = answer_leaks(build)
+    assert not leaks, "\n".join(f"{p.relative_to(build)}: {what}" for p, what in leaks[:20])
