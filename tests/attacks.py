@@ -287,7 +287,168 @@ def _mha_from_my_cell(x, w_q, w_k, w_v, w_o, num_heads):
     return nb
 
 
+# ------------------------------------------------------------------ reaching for the answers
+
+CORRECT_SOFTMAX = """
+def softmax(x, axis=-1):
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+"""
+
+
+def imports_references(release, source, out):
+    """softmax taken from the instructor's reference implementation."""
+    return _with(release, source, {"softmax": "from autograde.reference.principles import softmax\n"})
+
+
+def imports_checks_dynamically(release, source, out):
+    """The same through importlib and __import__, with names built at run time."""
+    return _with(release, source, {"softmax": """
+import importlib
+softmax = importlib.import_module(".".join(["autograde", "reference", "principles"])).softmax
+softmax = getattr(__import__("autograde" + ".reference.principles", fromlist=["x"]), "softmax")
+"""})
+
+
+def reads_solutions(release, source, out):
+    """Finds the course from the interpreter, the installed package or the
+    parent's command line and runs the instructor's solution cells."""
+    return _with(release, source, {"softmax": """
+import json, os, sys
+CANDIDATES = [sys.prefix, os.path.dirname(sys.prefix), os.path.dirname(os.path.dirname(sys.prefix))]
+try:
+    import coursekit
+    CANDIDATES.append(os.path.dirname(os.path.dirname(os.path.realpath(coursekit.__file__))))
+except ImportError:
+    pass
+for pid in (os.getppid(), 1):
+    try:
+        for word in open(f"/proc/{pid}/cmdline", "rb").read().split(b"\\0"):
+            CANDIDATES.append(os.path.dirname(os.path.dirname(os.path.dirname(word.decode()))))
+    except OSError:
+        pass
+for root in CANDIDATES:
+    try:
+        nb = json.load(open(os.path.join(root, "solutions", "ch1_principles", "principles.ipynb")))
+    except (OSError, ValueError):
+        continue
+    for cell in nb["cells"]:
+        if "BEGIN SOLUTION" in "".join(cell["source"]):
+            exec("".join(cell["source"]))
+    break
+"""})
+
+
+def copies_a_classmate(release, source, out):
+    """Looks for the submissions folder and copies another student's answer."""
+    submitted = out.parent / "submitted"
+    return _with(release, source, {"softmax": f"""
+import json
+for path in ["{submitted}/honest_a/ch1_principles/principles.ipynb", "{out}/received/honest_a/principles.ipynb"]:
+    try:
+        nb = json.load(open(path))
+    except (OSError, ValueError):
+        continue
+    for cell in nb["cells"]:
+        if "def softmax" in "".join(cell["source"]):
+            exec("".join(cell["source"]))
+    break
+"""})
+
+
+def opens_the_network(release, source, out):
+    """Correct code that tries to send its answers out."""
+    return _with(release, source, {"softmax": CORRECT_SOFTMAX + """
+import socket
+try:
+    socket.create_connection(("127.0.0.1", 9), timeout=1).sendall(b"answers")
+except OSError:
+    pass
+"""})
+
+
+def drops_a_file_for_others(release, source, out):
+    """Correct code that leaves its softmax where another student might look."""
+    return _with(release, source, {"softmax": CORRECT_SOFTMAX + """
+import inspect as _i
+for folder in ["/tmp", "/dev/shm", "/var/tmp"]:
+    try:
+        open(folder + "/shared_softmax.py", "w").write("import numpy as np\\n" + _i.getsource(softmax))
+    except OSError:
+        pass
+"""})
+
+
+def picks_up_a_dropped_file(release, source, out):
+    """Has no softmax of its own: takes one left by another student, if any."""
+    return _with(release, source, {"softmax": """
+import sys
+for folder in ["/tmp", "/dev/shm", "/var/tmp"]:
+    sys.path.insert(0, folder)
+try:
+    from shared_softmax import softmax
+except ImportError:
+    def softmax(x, axis=-1):
+        return np.exp(x)
+"""})
+
+
+def fills_the_disk(release, source, out):
+    """Correct code after writing until the disk is full."""
+    return _with(release, source, {"softmax": """
+i = 0
+try:
+    while i < 10_000:
+        open(f"filler{i}", "wb").write(b"x" * 2**24)
+        i += 1
+except OSError:
+    pass
+""" + CORRECT_SOFTMAX})
+
+
+def zeroes_its_inputs(release, source, out):
+    """Returns garbage after zeroing its inputs, hoping the expected answer is
+    computed from them afterwards."""
+    return _with(release, source, {"softmax": """
+def softmax(x, axis=-1):
+    x[...] = 0
+    return np.full(x.shape, 1.0 / x.shape[axis])
+""", "scaled_dot_product_attention": """
+def scaled_dot_product_attention(q, k, v, mask=None):
+    q[...] = 0
+    k[...] = 0
+    w = np.full((q.shape[-2], k.shape[-2]), 1.0 / k.shape[-2])
+    return w @ v, w
+"""})
+
+
+def _scratch(tag):
+    def honest_with_scratch(release, source, out):
+        """Honest work that writes a scratch file and a helper module of the same
+        names as another honest student's, with different contents."""
+        helper = ("import numpy as np\n"
+                  f"TAG = {tag!r}\n"
+                  "def softmax(x, axis=-1):\n"
+                  "    e = np.exp(x - np.max(x, axis=axis, keepdims=True))\n"
+                  "    return e / np.sum(e, axis=axis, keepdims=True)\n")
+        return _with(release, source, {"softmax": f"""
+import os, sys, tempfile
+open("my_softmax.py", "w").write({helper!r})
+open(os.path.join(tempfile.gettempdir(), "scratch.txt"), "w").write({tag!r})
+sys.path.insert(0, os.getcwd())
+import my_softmax
+assert my_softmax.TAG == {tag!r}, "another student's helper module"
+assert open(os.path.join(tempfile.gettempdir(), "scratch.txt")).read() == {tag!r}, "another student's scratch file"
+softmax = my_softmax.softmax
+"""})
+    honest_with_scratch.__name__ = f"honest_scratch_{tag}"
+    return honest_with_scratch
+
+
 ATTACKS = {f.__name__: f for f in (
     allclose_patch, always_equal, always_equal_object, input_transformer, grading_marker, reads_hidden_tests,
     writes_gradebook, loops_in_function, memory_bomb, fork_bomb, stderr_warnings, deletes_test_cells,
-    duplicates_test_cells, renames_cells, changes_points, code_cell_made_markdown, unusual_but_correct)}
+    duplicates_test_cells, renames_cells, changes_points, code_cell_made_markdown, unusual_but_correct,
+    imports_references, imports_checks_dynamically, reads_solutions, copies_a_classmate, opens_the_network,
+    drops_a_file_for_others, picks_up_a_dropped_file, fills_the_disk, zeroes_its_inputs, _scratch("a"),
+    _scratch("b"))}

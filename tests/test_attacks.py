@@ -46,6 +46,18 @@ EXPECTED = {
     "changes_points": (VARIANCE, {"notebook structure: points-changed"}),
     "code_cell_made_markdown": (set(), set()),
     "unusual_but_correct": (set(), set()),
+    # Reaching for the answers, each other's work or the machine: nothing is there to reach.
+    "imports_references": (SOFTMAX | SDPA | MHA, {"sandbox: imports the instructor's package"}),
+    "imports_checks_dynamically": (SOFTMAX | SDPA | MHA, {"sandbox: imports the instructor's package"}),
+    "reads_solutions": (SOFTMAX | SDPA | MHA, {"sandbox: opens a file outside its folder"}),
+    "copies_a_classmate": (SOFTMAX | SDPA | MHA, {"sandbox: opens a file outside its folder"}),
+    "opens_the_network": (set(), {"sandbox: uses the network"}),
+    "drops_a_file_for_others": (set(), {"sandbox: opens a file outside its folder"}),
+    "picks_up_a_dropped_file": (SOFTMAX | SDPA | MHA, set()),
+    "fills_the_disk": (set(), set()),
+    "zeroes_its_inputs": (SOFTMAX | SDPA | MHA, set()),
+    "honest_scratch_a": (set(), set()),
+    "honest_scratch_b": (set(), set()),
 }
 HONEST = ("honest_a", "honest_b", "honest_c")
 
@@ -110,6 +122,11 @@ def test_the_gradebook_survives_an_attempt_to_rewrite_it(batch):
         exported = {row["student_id"]: float(row["raw_score"]) for row in csv.DictReader(fh)}
     assert exported["writes_gradebook"] == sum(POINTS.values())
     assert exported["honest_a"] == sum(POINTS.values())
+
+
+@pytest.mark.parametrize("student", ["honest_scratch_a", "honest_scratch_b"])
+def test_scratch_files_and_helper_modules_are_private_and_unflagged(batch, student):
+    assert student not in {s for s, _ in batch["flags"]}
 
 
 def test_the_fork_bomb_is_stopped_and_named(batch):
