@@ -118,7 +118,7 @@ def softmax(x, axis=-1):
 
 def writes_gradebook(release, source, out):
     """Correct code that also tries to raise every grade in, then wipe, the gradebook."""
-    return _with(release, source, {"dot_product_variance": f'''
+    return _with(release, source, {"softmax_jvp": f'''
 import sqlite3
 
 try:
@@ -132,11 +132,9 @@ try:
 except OSError:
     pass
 
-def dot_product_variance(d_k, n_pairs, rng):
-    q = rng.standard_normal((n_pairs, d_k))
-    k = rng.standard_normal((n_pairs, d_k))
-    s = np.sum(q * k, axis=-1)
-    return float(np.var(s)), float(np.var(s / np.sqrt(d_k)))
+def softmax_jvp(x, u, axis=-1):
+    p = softmax(x, axis=axis)
+    return p * u - p * np.sum(p * u, axis=axis, keepdims=True)
 '''})
 
 
@@ -221,9 +219,9 @@ def renames_cells(release, source, out):
 
 
 def changes_points(release, source, out):
-    """Correct code except the variance; every test cell now claims 100 points."""
-    nb = _with(release, source, {"dot_product_variance": "def dot_product_variance(d_k, n_pairs, rng):\n"
-                                                         "    return 0.0, 0.0"})
+    """Correct code except the softmax's Jacobian; every test cell now claims 100 points."""
+    nb = _with(release, source, {"softmax_jvp": "def softmax_jvp(x, u, axis=-1):\n"
+                                                "    return np.zeros_like(u)"})
     for cell in nb.cells:
         if nbgrader_meta(cell).get("grade"):
             nbgrader_meta(cell)["points"] = 100
@@ -277,10 +275,10 @@ def equivariance_gap(f, x, perm):
 '''})
     helper = nbformat.v4.new_code_cell('''
 def _mha_from_my_cell(x, w_q, w_k, w_v, w_o, num_heads):
-    d = x.shape[-1] // num_heads
+    d, e = w_q.shape[1] // num_heads, w_v.shape[1] // num_heads
     q, k, v = x @ w_q, x @ w_k, x @ w_v
     heads = [scaled_dot_product_attention(q[..., h * d:(h + 1) * d], k[..., h * d:(h + 1) * d],
-                                          v[..., h * d:(h + 1) * d])[0] for h in range(num_heads)]
+                                          v[..., h * e:(h + 1) * e])[0] for h in range(num_heads)]
     return np.concatenate(heads, axis=-1) @ w_o
 ''')
     nb.cells.insert(nb.cells.index(_cells(nb, "multi_head_attention")[0]), helper)

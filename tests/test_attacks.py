@@ -22,28 +22,32 @@ POINTS = graded_test_cells(SOURCE)
 SOFTMAX = {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"}
 SDPA = {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}
 MHA = {"test_multi_head_attention", "test_mha_hidden"}
-VARIANCE = {"test_dot_product_variance", "test_dot_product_variance_hidden"}
+JVP = {"test_softmax_jvp", "test_softmax_jvp_hidden"}
 GAP = {"test_equivariance_gap", "test_equivariance_gap_hidden"}
+ATTENTION_CHECKS = {"test_passes_attention_checks", "test_attention_checks_accept_correct",
+                    "test_attention_checks_catch_bugs"}
 
 # attack -> (test cells it must lose, integrity reasons it must be flagged with)
 EXPECTED = {
-    # The student's softmax is wrong, so everything built on it (attention, heads) fails too.
-    "allclose_patch": (SOFTMAX | SDPA | MHA, {"rebinds an attribute of a course library",
-                                               "passed as submitted, failed when graded"}),
-    "always_equal": (SOFTMAX | SDPA | MHA, set()),
+    # The student's softmax is wrong, so everything built on it (attention, heads, the Jacobian)
+    # fails too; the patched allclose also blinds the student's own attention checks.
+    "allclose_patch": (SOFTMAX | SDPA | MHA | JVP | {"test_passes_attention_checks",
+                                                     "test_attention_checks_catch_bugs"},
+                       {"rebinds an attribute of a course library", "passed as submitted, failed when graded"}),
+    "always_equal": (SOFTMAX | SDPA | MHA | JVP, set()),
     "always_equal_object": (GAP, set()),
-    "input_transformer": (SDPA | MHA | VARIANCE | GAP, {"uses the IPython shell (get_ipython)"}),
+    "input_transformer": (SDPA | MHA | GAP | JVP | ATTENTION_CHECKS, {"uses the IPython shell (get_ipython)"}),
     "grading_marker": (set(), set()),
-    "reads_hidden_tests": (SOFTMAX | SDPA | MHA, set()),  # the paths are in variables: no pattern to see
+    "reads_hidden_tests": (SOFTMAX | SDPA | MHA | JVP, set()),  # the paths are in variables: no pattern to see
     "writes_gradebook": (set(), {"opens a file outside its folder"}),
     "loops_in_function": (SDPA | MHA, {"execution: process-lost"}),
     "memory_bomb": (MHA, set()),
     "fork_bomb": (MHA, {"execution: process-lost"}),
     "stderr_warnings": (set(), set()),
-    "deletes_test_cells": (SOFTMAX | SDPA | MHA, {"notebook structure: missing-cell"}),
+    "deletes_test_cells": (SOFTMAX | SDPA | MHA | JVP, {"notebook structure: missing-cell"}),
     "duplicates_test_cells": (set(), {"notebook structure: duplicate-cell"}),
     "renames_cells": (set(), {"notebook structure: unknown-cell", "notebook structure: missing-cell"}),
-    "changes_points": (VARIANCE, {"notebook structure: points-changed"}),
+    "changes_points": (JVP, {"notebook structure: points-changed"}),
     "code_cell_made_markdown": (set(), set()),
     "unusual_but_correct": (set(), set()),
     # Reaching for the answers, each other's work or the machine: nothing is there to reach.

@@ -20,7 +20,7 @@ HOSTILE = {
     # A top-level infinite loop: that cell is stopped at the timeout.
     "hangs_forever": {"softmax": "while True:\n    pass"},
     # The kernel process exits while running a solution cell.
-    "kernel_exits": {"dot_product_variance": "import os\nos._exit(3)"},
+    "kernel_exits": {"softmax_jvp": "import os\nos._exit(3)"},
 }
 
 
@@ -159,7 +159,7 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
     assert "exited with status 3" in exits["problems"]
     exited = cell_scores("ch1_principles", exits)
     # The cells before the exit score; the function that exits never is defined.
-    assert exited["test_softmax"] == tests["test_softmax"] and exited["test_dot_product_variance"] == 0
+    assert exited["test_softmax"] == tests["test_softmax"] and exited["test_softmax_jvp"] == 0
     # The students graded after them are unaffected.
     assert cell_scores("ch1_principles", rows["sdpa_einsum_additive_mask"]) == tests
 

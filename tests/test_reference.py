@@ -51,6 +51,38 @@ def test_multi_head_attention_matches_torch_module(batch, n, d_model, heads):
     np.testing.assert_allclose(ref.multi_head_attention(x, w_q, w_k, w_v, w_o, heads), expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("lead, n, d_model, heads, d_k, d_v, d_out",
+                         [((), 5, 8, 2, 3, 5, 7), ((2, 3), 4, 6, 3, 4, 2, 6), ((2,), 1, 5, 1, 2, 9, 3)])
+def test_multi_head_attention_with_other_head_widths_matches_torch_per_head(lead, n, d_model, heads, d_k, d_v,
+                                                                            d_out):
+    x = rng.normal(size=(*lead, n, d_model))
+    w_q, w_k = (rng.normal(size=(d_model, heads * d_k)) for _ in range(2))
+    w_v, w_o = rng.normal(size=(d_model, heads * d_v)), rng.normal(size=(heads * d_v, d_out))
+    xt = torch.from_numpy(x)
+    outs = []
+    for h in range(heads):
+        q, k = (xt @ torch.from_numpy(w[:, h * d_k:(h + 1) * d_k]) for w in (w_q, w_k))
+        outs.append(F.scaled_dot_product_attention(q, k, xt @ torch.from_numpy(w_v[:, h * d_v:(h + 1) * d_v])))
+    expected = (torch.cat(outs, -1) @ torch.from_numpy(w_o)).numpy()
+    np.testing.assert_allclose(ref.multi_head_attention(x, w_q, w_k, w_v, w_o, heads), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("shape, axis", [((5,), -1), ((3, 4), 0), ((2, 3, 6), 1), ((2, 1, 3, 2), -1)])
+def test_softmax_jvp_matches_torch_forward_mode(shape, axis):
+    x, u = rng.normal(scale=3, size=shape), rng.normal(size=shape)
+    _, expected = torch.func.jvp(lambda t: torch.softmax(t, axis), (torch.from_numpy(x),), (torch.from_numpy(u),))
+    np.testing.assert_allclose(ref.softmax_jvp(x, u, axis), expected.numpy(), rtol=1e-10, atol=1e-13)
+
+
+def test_softmax_jvp_is_finite_for_huge_and_masked_scores():
+    x = np.array([[1e4, 1e4 - 1.0, -1e4], [-np.inf, 0.5, 2.0]])
+    u = np.array([[1.0, -2.0, 3.0], [5.0, 1.0, -1.0]])
+    found = ref.softmax_jvp(x, u)
+    _, expected = torch.func.jvp(lambda t: torch.softmax(t, -1), (torch.from_numpy(x),), (torch.from_numpy(u),))
+    np.testing.assert_allclose(found, expected.numpy(), rtol=1e-10, atol=1e-13)
+    assert found[1, 0] == 0.0
+
+
 def test_equivariance_gap_is_zero_for_attention_and_not_for_positions():
     w = rng.normal(size=(3, 4, 4))
 

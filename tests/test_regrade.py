@@ -58,7 +58,7 @@ def regraded(tmp_path_factory):
     before = rows(out)
     # The instructor overrides one automatic grade by hand and grades alice's written answer.
     with Gradebook(f"sqlite:///{out / 'gradebook.db'}") as gb:
-        for name, score in (("test_softmax", 0), ("written_scaling", 2)):
+        for name, score in (("test_softmax", 0), ("written_gradient_sums", 2)):
             gb.find_grade(name, "principles", ASSIGNMENT, "alice").manual_score = score
         gb.db.commit()
     # Re-submissions: alice breaks softmax and deletes its tests; bob's file is damaged.
@@ -98,7 +98,7 @@ def test_an_unreadable_resubmission_leaves_no_stale_scores(regraded):
 
 def test_manual_grades_are_kept_and_disagreements_reported(regraded):
     alice = regraded["after"]["alice"]
-    assert float(alice["principles:written_scaling"]) == 2
+    assert float(alice["principles:written_gradient_sums"]) == 2
     # The hand-given 0 for test_softmax stands; the new automatic 0 agrees with it, so no report.
     assert float(alice["principles:test_softmax"]) == 0
     assert "manual grade kept for alice" not in regraded["second"].stdout

@@ -175,13 +175,13 @@ def test_a_copied_answer_cell_still_runs_as_an_ordinary_cell(submission, release
 
 def test_changed_points_are_restored(submission, release, source):
     find(submission, "test_softmax")[0].metadata.nbgrader.points = 100
-    find(submission, "written_scaling")[0].metadata.nbgrader.points = 100
-    find(submission, "written_scaling")[0].source = "My answer."
+    find(submission, "written_gradient_sums")[0].metadata.nbgrader.points = 100
+    find(submission, "written_gradient_sums")[0].source = "My answer."
     result = check(submission, release, source)
     assert find(result.notebook, "test_softmax")[0].metadata.nbgrader.points == 1
-    answer = find(result.notebook, "written_scaling")[0]
+    answer = find(result.notebook, "written_gradient_sums")[0]
     assert answer.metadata.nbgrader.points == 2 and answer.source == "My answer."
-    assert anomalies(result) == [("points-changed", "test_softmax", True), ("points-changed", "written_scaling", True)]
+    assert anomalies(result) == [("points-changed", "test_softmax", True), ("points-changed", "written_gradient_sums", True)]
     assert "test_softmax: points changed from 1 to 100; restored to 1." in describe(result.anomalies)
 
 

@@ -19,6 +19,7 @@ ATTACKS = {
     "rebinds an attribute of a course library": "np.allclose = lambda *a, **k: True",
     "exits its process (os._exit)": "import os\nos._exit(0)",
     "opens a file outside its folder": "secret = open('/srv/course/source/tests.ipynb').read()",
+    "imports the book's helpers": "from bookutils import softmax_rows",
 }
 
 
@@ -68,3 +69,16 @@ def test_report_lists_students_and_says_when_nothing_was_flagged(tmp_path):
     assert "uses ctypes" in (tmp_path / "integrity.csv").read_text()
     write_report(tmp_path, [])
     assert "Nothing flagged." in (tmp_path / "integrity.txt").read_text()
+
+
+@pytest.mark.parametrize("code", ["import bookutils", "import bookutils.attention as att",
+                                  "    from bookutils.attention import softmax_row"])
+def test_every_way_of_importing_the_book_helpers_is_flagged(tmp_path, code):
+    cell = f"def softmax(x, axis=-1):\n    return x\n{code}"
+    flags = scan(tmp_path, "ch1_principles", {"softmax": cell})
+    assert [f.reason for f in flags] == ["imports the book's helpers"]
+
+
+def test_the_word_bookutils_alone_is_not_flagged(tmp_path):
+    cell = "def softmax(x, axis=-1):\n    # unlike bookutils.softmax_row, any axis\n    return x"
+    assert scan(tmp_path, "ch1_principles", {"softmax": cell}) == []

@@ -5,6 +5,7 @@ from autograde.compare import (
     GradingFailure,
     call,
     call_unchanged,
+    describe,
     expect_close,
     expect_scalar,
     expect_sequence,
@@ -129,44 +130,139 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
 # ------------------------------------------------------- multi-head attention
 
 def check_mha(multi_head_attention):
+    """Head widths d_k != d_v, an output width of its own, zero to two batch axes."""
     rng = _rng(5)
-    configs = [((), 5, 8, 2), ((), 1, 6, 3), ((3,), 4, 12, 4), ((2,), 7, 8, 1), ((2,), 3, 8, 8), ((1,), 6, 20, 5)]
-    for lead, n, d_model, h in configs:
+    # (batch axes, n, d_model, num_heads, d_k, d_v, d_out)
+    configs = [((), 5, 8, 2, 4, 4, 8), ((), 1, 6, 3, 2, 5, 4), ((3,), 4, 12, 4, 3, 6, 12), ((2,), 7, 8, 1, 5, 3, 2),
+               ((2,), 3, 8, 8, 1, 2, 8), ((2, 2), 6, 10, 5, 6, 2, 7), ((1,), 5, 4, 2, 8, 1, 9)]
+    for lead, n, d_model, h, d_k, d_v, d_out in configs:
         x = rng.normal(size=(*lead, n, d_model))
-        ws = [rng.normal(scale=d_model ** -0.5, size=(d_model, d_model)) for _ in range(4)]
-        what = f"multi_head_attention for x of shape {x.shape} with num_heads={h}"
+        ws = [rng.normal(scale=d_model ** -0.5, size=(d_model, h * d_k)),
+              rng.normal(scale=d_model ** -0.5, size=(d_model, h * d_k)),
+              rng.normal(scale=d_model ** -0.5, size=(d_model, h * d_v)),
+              rng.normal(scale=(h * d_v) ** -0.5, size=(h * d_v, d_out))]
+        expected = ref.multi_head_attention(x, *ws, h)
+        what = (f"multi_head_attention for x of shape {x.shape} with num_heads={h}, d_k={d_k}, d_v={d_v} "
+                f"and w_o of shape {ws[3].shape}")
         found = call_unchanged(multi_head_attention, x, *ws, h, what=what)
-        expect_close(found, ref.multi_head_attention(x, *ws, h), what=what,
-                     hint="Project with x @ w, split the last axis into num_heads contiguous slices, "
-                          "attend per head with d_k = d_model // num_heads, concatenate, then apply w_o.")
+        expect_close(found, expected, what=what,
+                     hint="Take d_k = w_q.shape[1] // num_heads and d_v = w_v.shape[1] // num_heads, give head h "
+                          "the contiguous columns of its own width, scale by 1/sqrt(d_k), concatenate the heads' "
+                          "outputs in head order, then apply w_o.")
 
 
-# ------------------------------------------------------ variance experiment
+# ----------------------------------------------------- softmax Jacobian
 
-def check_dot_product_variance(dot_product_variance):
-    n_pairs = 20_000
-    for d_k in (1, 2, 8, 32, 128, 512):
-        what = f"dot_product_variance(d_k={d_k}, n_pairs={n_pairs}, rng)"
-        result = call(dot_product_variance, d_k, n_pairs, np.random.default_rng(d_k), what=what)
-        expect_sequence(result, 2, what=what, names="(raw_variance, scaled_variance)")
-        raw = expect_scalar(result[0], what=f"the raw variance from {what}")
-        scaled = expect_scalar(result[1], what=f"the scaled variance from {what}")
-        # 10% is more than five standard errors of the sample variance here.
-        if not 0.9 * d_k <= raw <= 1.1 * d_k:
-            raise GradingFailure(f"{what}: the variance of q·k should be close to d_k = {d_k}, found {raw:.4g}. "
-                                 "Draw q and k with independent standard normal entries.")
-        if not 0.9 <= scaled <= 1.1:
-            raise GradingFailure(f"{what}: the variance of q·k/sqrt(d_k) should be close to 1, found {scaled:.4g}.")
-    what = "dot_product_variance(16, 2000, rng)"
-    first = call(dot_product_variance, 16, 2000, np.random.default_rng(7), what=what)
-    again = call(dot_product_variance, 16, 2000, np.random.default_rng(7), what=what)
-    other = call(dot_product_variance, 16, 2000, np.random.default_rng(8), what=what)
-    if not np.allclose(np.asarray(first, float), np.asarray(again, float)):
-        raise GradingFailure(f"{what} gave different results for two generators with the same seed; "
-                             "draw all random numbers from the rng argument.")
-    if np.allclose(np.asarray(first, float), np.asarray(other, float)):
-        raise GradingFailure(f"{what} gave the same result for different seeds; "
-                             "the variances must be estimated from samples drawn with rng.")
+def check_softmax_jvp(softmax_jvp):
+    """Any ndim and axis, huge and -inf scores, tangents of any size; inputs left alone."""
+    rng = _rng(7)
+    cases = [((6,), -1, 1.0), ((1,), 0, 1.0), ((3, 5), -1, 3.0), ((3, 5), 0, 3.0), ((2, 3, 4), 1, 2.0),
+             ((2, 1, 3, 6), -4, 1.0), ((2, 3, 4), -2, 1e4)]
+    for shape, axis, scale in cases:
+        x = rng.normal(scale=scale, size=shape)
+        u = rng.normal(scale=10.0, size=shape)
+        expected = ref.softmax_jvp(x, u, axis=axis)
+        what = f"softmax_jvp(x, u, axis={axis}) for x of shape {shape} with entries of size about {scale:g}"
+        found = call_unchanged(softmax_jvp, x, u, axis=axis, what=what)
+        expect_close(found, expected, what=what,
+                     hint="Multiply by diag(p) - p p^T with p = softmax(x) along the axis, and compute p "
+                          "stably (subtract the maximum).")
+    masked = np.array([[-np.inf, 1.0, 2.0, -np.inf], [0.0, -np.inf, 5.0, 1e4]])
+    u = rng.normal(size=masked.shape)
+    expected = ref.softmax_jvp(masked, u)
+    what = "softmax_jvp(x, u) with -inf (masked) entries in x"
+    found = call_unchanged(softmax_jvp, masked, u, what=what)
+    expect_close(found, expected, what=what,
+                 hint="Masked entries have p = 0, so their entries of the product are 0.")
+    x = rng.normal(size=(3, 4))
+    u = rng.normal(size=(3, 4))
+    what = "softmax_jvp(x, u) with the default axis"
+    expect_close(call_unchanged(softmax_jvp, x, u, what=what), ref.softmax_jvp(x, u, axis=-1), what=what,
+                 hint="The default must be the last axis (axis=-1).")
+
+
+# -------------------------------------------- a property check that finds bugs
+
+def _stable_softmax(s, axis=-1):
+    s = s - np.max(s, axis=axis, keepdims=True)
+    e = np.exp(s)
+    return e / np.sum(e, axis=axis, keepdims=True)
+
+
+def _masked(scores, mask):
+    return scores if mask is None else np.where(mask, scores, -np.inf)
+
+
+def _looped_attention(q, k, v, mask=None):
+    """Correct, written differently from the reference: one query at a time."""
+    scores = np.einsum("...qd,...kd->...qk", q, k) / np.sqrt(q.shape[-1])
+    scores = _masked(scores, mask)
+    weights = np.stack([_stable_softmax(scores[..., i, :]) for i in range(scores.shape[-2])], axis=-2)
+    return np.einsum("...qk,...kd->...qd", weights, v), weights
+
+
+def _attention_with(score_scale=None, softmax_axis=-1, mask_after=False, unstable=False, inverted_mask=False):
+    """Scaled dot-product attention with one deliberate mistake."""
+    def attention(q, k, v, mask=None):
+        d = q.shape[-1] if score_scale is None else score_scale(q, k, v)
+        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+        if mask is not None and not mask_after:
+            scores = np.where(mask, -np.inf, scores) if inverted_mask else _masked(scores, mask)
+        if unstable:
+            e = np.exp(scores)
+            weights = e / np.sum(e, axis=softmax_axis, keepdims=True)
+        else:
+            weights = _stable_softmax(scores, axis=softmax_axis)
+        if mask is not None and mask_after:
+            weights = np.where(mask, weights, 0.0)
+        return weights @ v, weights
+    return attention
+
+
+CORRECT_ATTENTION = {
+    "the reference implementation": ref.scaled_dot_product_attention,
+    "a correct implementation that loops over the queries": _looped_attention,
+}
+
+BUGGY_ATTENTION = {
+    "no 1/sqrt(d_k) scaling": _attention_with(score_scale=lambda q, k, v: 1.0),
+    "a softmax over the queries instead of the keys": _attention_with(softmax_axis=-2),
+    "the mask applied after the softmax (rows no longer sum to 1)": _attention_with(mask_after=True),
+    "scores scaled by 1/sqrt(d_v) instead of 1/sqrt(d_k)": _attention_with(score_scale=lambda q, k, v: v.shape[-1]),
+    "a softmax that overflows on large scores": _attention_with(unstable=True),
+    "a mask read the wrong way round (True hides the key)": _attention_with(inverted_mask=True),
+}
+
+
+def _verdict(passes_attention_checks, attention, label):
+    what = f"passes_attention_checks(attention) for {label}"
+    with np.errstate(all="ignore"):
+        found = call(passes_attention_checks, attention, what=what)
+    if not isinstance(found, (bool, np.bool_)):
+        raise GradingFailure(f"{what} should return True or False, but returned {describe(found)}.")
+    return bool(found)
+
+
+def check_attention_checks_accept_correct(passes_attention_checks):
+    """Correct implementations, written two ways, must pass the student's checks."""
+    for label, attention in CORRECT_ATTENTION.items():
+        if not _verdict(passes_attention_checks, attention, label):
+            raise GradingFailure(
+                f"passes_attention_checks returned False for {label}, which meets the specification of "
+                "Exercise 2. Compare with a tolerance (np.allclose), not with ==: two correct implementations "
+                "may add the same numbers in a different order.")
+
+
+def check_attention_checks_catch_bugs(passes_attention_checks):
+    """Each planted mistake must make the student's checks return False."""
+    missed = [label for label, attention in BUGGY_ATTENTION.items()
+              if _verdict(passes_attention_checks, attention, label)]
+    if missed:
+        raise GradingFailure(
+            "passes_attention_checks returned True for an implementation with "
+            + "; for one with ".join(missed)
+            + ". Choose inputs that expose each mistake: d_k different from d_v, n_q different from n_k, "
+              "a mask, and scores large enough to overflow np.exp.")
 
 
 # ----------------------------------------------------------- equivariance

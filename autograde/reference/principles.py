@@ -19,9 +19,9 @@ def scaled_dot_product_attention(q, k, v, mask=None):
 
 
 def split_heads(x, num_heads):
-    """(..., n, d_model) -> (..., num_heads, n, d_model // num_heads), contiguous slices."""
-    *lead, n, d_model = x.shape
-    x = x.reshape(*lead, n, num_heads, d_model // num_heads)
+    """(..., n, num_heads * width) -> (..., num_heads, n, width), contiguous slices."""
+    *lead, n, d = x.shape
+    x = x.reshape(*lead, n, num_heads, d // num_heads)
     return np.moveaxis(x, -2, -3)
 
 
@@ -32,10 +32,19 @@ def merge_heads(x):
 
 
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
+    """Heads of query/key width w_q.shape[1] // num_heads and value width
+    w_v.shape[1] // num_heads; w_o maps the concatenated values to any width."""
     x = np.asarray(x, dtype=np.float64)
     q, k, v = (split_heads(x @ w, num_heads) for w in (w_q, w_k, w_v))
     heads, _ = scaled_dot_product_attention(q, k, v)
     return merge_heads(heads) @ w_o
+
+
+def softmax_jvp(x, u, axis=-1):
+    """J u for J = diag(p) - p p^T, p = softmax(x), along `axis`, without forming J."""
+    p = softmax(x, axis=axis)
+    u = np.asarray(u, dtype=np.float64)
+    return p * (u - np.sum(p * u, axis=axis, keepdims=True))
 
 
 def equivariance_gap(f, x, perm):
