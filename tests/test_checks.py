@@ -103,12 +103,15 @@ def test_failure_messages_point_at_the_fix():
     with pytest.raises(GradingFailure, match="post-norm.*norm1\\(x \\+ attn\\(x\\)\\)"):
         variant_checks.check_encoder_post_norm(ns["EncoderLayer"])
     complexity = CLASSES["ch3_complexity"]
-    ns = namespace("ch3_complexity", {"local_attention": complexity.LOCAL_FULL_SCORES})
+    ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_TORCH_MASK})
     with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
-        complexity_checks.check_local_memory(ns["local_attention"])
+        complexity_checks.check_dilated_memory(ns["dilated_local_attention"])
     ns = namespace("ch3_complexity", {"max_chunk_length": complexity.CHUNK_FLOAT})
     with pytest.raises(GradingFailure, match=r"expected \d+, found \d+\. c = \d+ needs \d+ bytes"):
         complexity_checks.check_chunk_huge(ns["max_chunk_length"])
+    ns = namespace("ch3_complexity", {"causal_linear_attention": complexity.CAUSAL_STATE_UPDATED_FIRST})
+    with pytest.raises(GradingFailure, match=r"causal_linear_attention.*j <= t only"):
+        complexity_checks.check_causal_linear_output(ns["causal_linear_attention"])
 
 
 def test_odd_width_check_needs_a_value_error():

@@ -170,70 +170,79 @@ from coursekit.memory import traced_peak  # noqa: E402
 from autograde.reference import complexity  # noqa: E402
 
 
-@pytest.mark.parametrize("n, d", [(1, 1), (6, 4), (17, 9)])
-def test_flops_match_pytorchs_flop_counter(n, d):
+@pytest.mark.parametrize("n, d_model, heads, d_head", [(1, 1, 1, 1), (6, 5, 3, 4), (9, 16, 4, 4), (5, 8, 1, 3)])
+def test_training_flops_match_pytorchs_flop_counter(n, d_model, heads, d_head):
     from torch.utils.flop_counter import FlopCounterMode
 
-    x, w = torch.randn(n, d), torch.randn(4, d, d)
+    x = torch.randn(n, d_model, requires_grad=True)
+    w_q, w_k, w_v = (torch.randn(d_model, heads * d_head, requires_grad=True) for _ in range(3))
+    w_o = torch.randn(heads * d_head, d_model, requires_grad=True)
     with FlopCounterMode(display=False) as counter:
-        q, k, v = x @ w[0], x @ w[1], x @ w[2]
-        (torch.softmax(q @ k.T, dim=-1) @ v) @ w[3]
-    assert complexity.attention_flops(n, d) == counter.get_total_flops()
+        q, k, v = ((x @ w).reshape(n, heads, d_head).transpose(0, 1) for w in (w_q, w_k, w_v))
+        out = (torch.softmax(q @ k.transpose(1, 2), dim=-1) @ v).transpose(0, 1).reshape(n, -1) @ w_o
+        out.sum().backward()
+    assert complexity.training_flops(n, d_model, heads, d_head) == counter.get_total_flops()
 
 
-def test_activation_bytes_match_array_sizes():
-    n, d, h = 9, 5, 3
-    arrays = [np.zeros((n, d), np.float32) for _ in range(4)] + [np.zeros((h, n, n), np.float32)]
-    assert complexity.attention_activation_bytes(n, d, h, 4) == sum(a.nbytes for a in arrays)
+def test_chunk_bytes_match_array_sizes():
+    c, heads, groups, d_head = 9, 6, 2, 5
+    activations = [np.zeros((heads, c, d_head), np.float16) for _ in range(2)]
+    activations += [np.zeros((groups, c, d_head), np.float16) for _ in range(2)]
+    scores = np.zeros((heads, c, c), np.float32)
+    expected = sum(a.nbytes for a in activations) + scores.nbytes
+    assert complexity.chunk_bytes(c, heads, groups, d_head, 2, 4) == expected
 
 
-def _largest_by_search(budget, d, h, b):
-    need = lambda c: b * (4 * c * d + h * c * c)  # noqa: E731
+def _largest_by_search(budget, shape):
     lo, hi = 0, 1
-    while need(hi) <= budget:
+    while complexity.chunk_bytes(hi, *shape) <= budget:
         hi *= 2
     while hi - lo > 1:
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if need(mid) <= budget else (lo, mid)
+        lo, hi = (mid, hi) if complexity.chunk_bytes(mid, *shape) <= budget else (lo, mid)
     return lo
 
 
 @pytest.mark.parametrize("budget", [28, 29, 1000, 2**30, 10**18 + 1, 10**40 + 12345])
 def test_max_chunk_length_matches_an_exact_search(budget):
-    for d, h, b in [(3, 2, 2), (768, 12, 2), (1, 1, 1)]:
-        expected = _largest_by_search(budget, d, h, b)
+    for shape in [(4, 2, 3, 2, 4), (12, 4, 64, 2, 4), (1, 1, 1, 1, 1), (32, 32, 128, 2, 2)]:
+        expected = _largest_by_search(budget, shape)
         if expected == 0:
             with pytest.raises(ValueError):
-                complexity.max_chunk_length(budget, d, h, b)
+                complexity.max_chunk_length(budget, *shape)
         else:
-            assert complexity.max_chunk_length(budget, d, h, b) == expected
+            assert complexity.max_chunk_length(budget, *shape) == expected
 
 
 def test_receptive_field_matches_a_convolution_stack():
-    for layers, width in [(0, 3), (1, 2), (3, 3), (4, 5)]:
-        x = torch.zeros(1, 1, 1)
-        x[0, 0, 0] = 1.0
-        for _ in range(layers):
-            x = F.conv1d(x, torch.ones(1, 1, width), padding=width - 1)
-        assert complexity.receptive_field(layers, width) == int((x != 0).sum())
+    for widths, dilations in [([], []), ([2], [1]), ([3, 3, 3], [1, 1, 1]), ([2, 2, 2], [1, 2, 4]), ([4, 1, 3], [3, 9, 2])]:
+        x = torch.ones(1, 1, 1)
+        for width, step in zip(widths, dilations):
+            x = F.conv1d(x, torch.ones(1, 1, width), padding=(width - 1) * step, dilation=step)
+        reached = torch.nonzero(x[0, 0]).flatten()
+        assert complexity.receptive_field(widths, dilations) == int(reached.max() - reached.min()) + 1
 
 
-def test_local_attention_matches_torch_with_a_band_mask():
-    n = 11
+def test_dilated_local_attention_matches_torch_with_a_dilated_band():
+    n = 13
     q, k, v = rng.normal(size=(n, 4)), rng.normal(size=(n, 4)), rng.normal(size=(n, 3))
-    for window in (0, 1, 3, 20):
-        band = np.abs(np.arange(n)[:, None] - np.arange(n)[None, :]) <= window
+    offset = np.arange(n)[None, :] - np.arange(n)[:, None]
+    for radius, dilation in [(0, 1), (1, 1), (3, 1), (2, 3), (4, 2), (20, 5), (1, 30)]:
+        keep = (np.abs(offset) <= radius * dilation) & (offset % dilation == 0)
         expected = F.scaled_dot_product_attention(*(torch.from_numpy(a) for a in (q, k, v)),
-                                                  attn_mask=torch.from_numpy(band))
-        np.testing.assert_allclose(complexity.local_attention(q, k, v, window), expected.numpy(), rtol=1e-10)
+                                                  attn_mask=torch.from_numpy(keep))
+        np.testing.assert_allclose(complexity.dilated_local_attention(q, k, v, radius, dilation), expected.numpy(),
+                                   rtol=1e-10)
 
 
-def test_linear_attention_equals_its_quadratic_form():
-    q, k, v = rng.normal(size=(9, 4)), rng.normal(size=(9, 4)), rng.normal(size=(9, 2))
+@pytest.mark.parametrize("batch", [(), (3,), (2, 2)])
+def test_causal_linear_attention_equals_its_masked_quadratic_form(batch):
+    q, k, v = rng.normal(size=batch + (9, 4)), rng.normal(size=batch + (9, 4)), rng.normal(size=batch + (9, 2))
     phi_q, phi_k = (F.elu(torch.from_numpy(a)) + 1 for a in (q, k))
-    kernel = (phi_q @ phi_k.T).numpy()
-    np.testing.assert_allclose(complexity.linear_attention(q, k, v), kernel @ v / kernel.sum(1, keepdims=True),
-                               rtol=1e-12)
+    kernel = torch.tril(phi_q @ phi_k.transpose(-1, -2)).numpy()
+    expected = kernel @ v / kernel.sum(-1, keepdims=True)
+    for chunk in (1, 2, 4, 9, 50):
+        np.testing.assert_allclose(complexity.causal_linear_attention(q, k, v, chunk), expected, rtol=1e-12)
 
 
 def test_traced_peak_sees_numpy_temporaries():

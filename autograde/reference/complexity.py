@@ -6,45 +6,59 @@ import numpy as np
 from autograde.reference.principles import softmax
 
 
-def attention_flops(n, d):
-    # Q, K, V and output projections: 4 matmuls (n x d)(d x d); QK^T and AV: 2 of (n x d)(d x n) size.
-    return 4 * (2 * n * d * d) + 2 * (2 * n * n * d)
+def training_flops(n, d_model, heads, d_head):
+    """Forward plus backward FLOPs of one multi-head self-attention layer.
+
+    Forward: Q, K, V and the output projection are (n x d_model)(d_model x h d_head)
+    products (the output one transposed), 2 n d_model h d_head FLOPs each; per head,
+    QK^T and AV cost 2 n n d_head each. Backward: the gradient of a product with
+    respect to each of its two inputs is one more product of the same cost, so
+    the backward pass costs twice the forward pass."""
+    inner = heads * d_head
+    forward = 4 * (2 * n * d_model * inner) + heads * 2 * (2 * n * n * d_head)
+    return 3 * forward
 
 
-def attention_activation_bytes(n, d, h, bytes_per_element):
-    return bytes_per_element * (4 * n * d + h * n * n)
+def chunk_bytes(c, heads, groups, d_head, bytes_per_element, score_bytes):
+    """Q and the output for `heads` heads, K and V for `groups` heads, and one
+    c x c score matrix per query head, held in `score_bytes` per entry."""
+    return bytes_per_element * c * d_head * (2 * heads + 2 * groups) + score_bytes * heads * c * c
 
 
-def max_chunk_length(budget_bytes, d, h, bytes_per_element):
-    """Largest integer c with b(4cd + hc^2) <= budget, in exact integer arithmetic."""
-    limit = budget_bytes // bytes_per_element  # b * (integer) <= B  <=>  integer <= B // b
+def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
+    """Largest integer c with chunk_bytes(c) <= budget, in exact integer arithmetic:
+    alpha c^2 + beta c <= B holds for 0 <= c <= (-beta + sqrt(beta^2 + 4 alpha B)) / (2 alpha)."""
+    alpha = score_bytes * heads
+    beta = bytes_per_element * d_head * (2 * heads + 2 * groups)
 
     def need(c):
-        return 4 * c * d + h * c * c
+        return alpha * c * c + beta * c
 
-    c = (math.isqrt(16 * d * d + 4 * h * limit) - 4 * d) // (2 * h)
-    while need(c + 1) <= limit:
+    c = (math.isqrt(beta * beta + 4 * alpha * budget_bytes) - beta) // (2 * alpha)
+    while need(c + 1) <= budget_bytes:
         c += 1
-    while c > 0 and need(c) > limit:
+    while c > 0 and need(c) > budget_bytes:
         c -= 1
     if c < 1:
-        raise ValueError(f"not even one token fits: {bytes_per_element * need(1)} bytes needed, "
-                         f"budget {budget_bytes}")
+        raise ValueError(f"not even one token fits: {need(1)} bytes needed, budget {budget_bytes}")
     return c
 
 
-def receptive_field(num_layers, kernel_width):
-    return 1 + num_layers * (kernel_width - 1)
+def receptive_field(kernel_widths, dilations):
+    """Layer l of width w_l and dilation delta_l widens the view by (w_l - 1) delta_l."""
+    return 1 + sum((w - 1) * step for w, step in zip(kernel_widths, dilations))
 
 
-def local_attention(q, k, v, window):
-    """Each query i attends to keys j with |i - j| <= window; O(n * window) memory."""
+def dilated_local_attention(q, k, v, radius, dilation):
+    """Query i attends to keys i + m * dilation, |m| <= radius, inside the sequence."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     n = len(q)
     out = np.empty((n, v.shape[1]))
     for i in range(n):
-        lo, hi = max(0, i - window), min(n, i + window + 1)
-        out[i] = softmax(k[lo:hi] @ q[i] / np.sqrt(q.shape[1])) @ v[lo:hi]
+        first = i - min(radius, i // dilation) * dilation
+        stop = min(n, i + radius * dilation + 1)
+        keys, values = k[first:stop:dilation], v[first:stop:dilation]
+        out[i] = softmax(keys @ q[i] / np.sqrt(q.shape[1])) @ values
     return out
 
 
@@ -52,8 +66,22 @@ def elu_plus_one(x):
     return np.where(x > 0, x + 1.0, np.exp(np.minimum(x, 0.0)))
 
 
-def linear_attention(q, k, v):
-    """phi(q_i) . sum_j phi(k_j) v_j^T / phi(q_i) . sum_j phi(k_j); O(n d^2), no n x n."""
+def causal_linear_attention(q, k, v, chunk):
+    """o_t = phi(q_t)^T S_t / phi(q_t)^T z_t with S_t, z_t summed over j <= t,
+    computed chunk by chunk: a masked chunk x chunk block inside each chunk, the
+    running state (S, z) for everything before it. Leading axes are batch axes."""
     fq, fk = elu_plus_one(np.asarray(q, dtype=np.float64)), elu_plus_one(np.asarray(k, dtype=np.float64))
-    kv = fk.T @ np.asarray(v, dtype=np.float64)  # (d_k, d_v)
-    return (fq @ kv) / (fq @ fk.sum(axis=0))[:, None]
+    v = np.asarray(v, dtype=np.float64)
+    n = q.shape[-2]
+    state = np.zeros(fk.shape[:-2] + (fk.shape[-1], v.shape[-1]))
+    total = np.zeros(fk.shape[:-2] + (fk.shape[-1],))
+    out = np.empty(v.shape)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        block = np.tril(fq[..., s:e, :] @ np.swapaxes(fk[..., s:e, :], -1, -2))
+        numer = fq[..., s:e, :] @ state + block @ v[..., s:e, :]
+        denom = np.einsum("...cd,...d->...c", fq[..., s:e, :], total) + block.sum(axis=-1)
+        out[..., s:e, :] = numer / denom[..., None]
+        state = state + np.swapaxes(fk[..., s:e, :], -1, -2) @ v[..., s:e, :]
+        total = total + fk[..., s:e, :].sum(axis=-2)
+    return out
