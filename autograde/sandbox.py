@@ -46,7 +46,7 @@ MAX_PROCESSES = 8  # a notebook has no reason to start more; more is a fork bomb
 # Packages whose functions the grader may ask the student process to run by
 # name: they hold no answer and are importable there.
 STUDENT_SIDE = ("student_runtime", "coursekit")
-BASE_UID = 61000  # student user ids are taken from BASE_UID up, one per worker (when root)
+BASE_UID = 610000  # student user ids are taken from BASE_UID up, one per worker (when root)
 UID_RANGE = 4096
 LOCK_DIR = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
 STUDENT_PACKAGES = ("student_runtime", "coursekit", "bookutils")  # importable in the sandbox, nothing else of the course
@@ -567,7 +567,7 @@ class Sandbox:
             return self.channel.receive()
         except TimeoutError:
             self._lose("stopped answering within the time limit and was stopped (an endless loop, or far too slow)")
-        except EOFError:
+        except (EOFError, ConnectionError):  # it closed its end: it exited or was killed
             code = self.zygote.exit_code(self.pid) if self.zygote else None
             self._lose(_describe_exit(code))
         except wire.WireError as exc:
