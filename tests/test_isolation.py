@@ -180,3 +180,81 @@ def test_memory_hidden_from_the_in_process_measurement_is_seen_from_outside():
     assert honest < 16 * 2**20
     assert hidden > n * n * 8 * 0.9  # one n x n float64 array at least
     assert [s["what"] for s in sb.sightings] == ["memory measurements disagree"]
+
+
+def _honest_class(root, students):
+    from tests.notebooks import filled_submission, write_submission
+
+    source = REPO / "solutions" / "ch1_principles" / "principles.ipynb"
+    release = REPO / "exercises" / "ch1_principles" / "principles.ipynb"
+    for student in students:
+        write_submission(root, student, "ch1_principles", "principles.ipynb", filled_submission(release, source))
+    return root
+
+
+def _grades(out):
+    import csv
+
+    with (out / "grades.csv").open() as fh:
+        return {row["student_id"]: row for row in csv.DictReader(fh)}
+
+
+def test_two_grading_commands_at_once_leave_each_other_alone(tmp_path):
+    """Two assignments' worth of grading on one machine at the same time: no
+    shared user id or folder, so no student of one is ended by the other."""
+    commands = []
+    for run_name in ("first", "second"):
+        submitted = _honest_class(tmp_path / run_name / "submitted", [f"{run_name}_{i}" for i in range(3)])
+        commands.append(subprocess.Popen(
+            [sys.executable, "-m", "autograde", "grade", "ch1_principles", str(submitted),
+             "--out", str(tmp_path / run_name / "out"), "--workers", "2"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    for proc in commands:
+        output_text = proc.communicate(timeout=1200)[0]
+        assert proc.returncode == 0, output_text[-3000:]
+    for run_name in ("first", "second"):
+        rows = _grades(tmp_path / run_name / "out")
+        assert {r["status"] for r in rows.values()} == {"graded"}
+        assert {r["score"] for r in rows.values()} == {next(iter(rows.values()))["max_score"]}, rows
+
+
+def test_grading_without_the_environments_bin_on_path(tmp_path):
+    """Started with the course's interpreter but a PATH that lacks its bin/:
+    nbgrader's tools are found beside the interpreter."""
+    submitted = _honest_class(tmp_path / "submitted", ["alice"])
+    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
+    env["PATH"] = "/usr/bin:/bin"
+    proc = subprocess.run([sys.executable, "-m", "autograde", "grade", "ch1_principles", str(submitted),
+                           "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,
+                          cwd=REPO, timeout=900)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert _grades(tmp_path / "out")["alice"]["status"] == "graded"
+
+
+def test_an_mmap_backed_score_matrix_is_refused_or_seen():
+    """Scores in a file mapped into memory: the file-size limit refuses one of
+    n x n at the checks' sizes, and what is mapped and touched is resident,
+    which the outside measurement sees."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+    from autograde.sandbox import student_function
+
+    source = """
+import numpy as np
+def scores_in_a_file(q):
+    s = np.memmap('scores.bin', dtype=np.float64, mode='w+', shape=(len(q), len(q)))
+    for i in range(0, len(q), 64):
+        s[i:i + 64] = q[i:i + 64] @ q.T
+    return float(s.max())
+"""
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, source)
+        fn = student_function(sb, "scores_in_a_file")
+        with pytest.raises(OSError, match="too large"):
+            traced_peak(fn, np.ones((4096, 4)))
+    with Sandbox(Limits(call_timeout_s=120, file_bytes=512 * 2**20)) as sb:
+        output(sb, source)
+        _, peak = traced_peak(student_function(sb, "scores_in_a_file"), np.ones((4096, 4)))
+    assert peak > 4096 * 4096 * 8 * 0.9
+    assert "memory measurements disagree" in [s["what"] for s in sb.sightings]
