@@ -407,6 +407,6 @@ BUGGY = {
     "decoder_self_attention_not_causal": ({"DecoderLayer": DECODER_NOT_CAUSAL}, DECODER_CELLS),
     "decoder_cross_keys_from_target": ({"DecoderLayer": DECODER_CROSS_KEYS_FROM_X}, DECODER_CELLS),
     "decoder_ignores_norm_first": ({"DecoderLayer": DECODER_IGNORES_NORM_FIRST}, {"test_decoder_pre_norm"}),
-    "decoder_post_norm_one_norm": ({"DecoderLayer": DECODER_POST_NORM_ONE_NORM},
-                                   {"test_decoder_layer", "test_decoder_post_norm"}),
+    # The visible test keeps PyTorch's initial LayerNorms (all alike), so only the hidden cell can tell.
+    "decoder_post_norm_one_norm": ({"DecoderLayer": DECODER_POST_NORM_ONE_NORM}, {"test_decoder_post_norm"}),
 }
