@@ -11,6 +11,7 @@ from autograde.checks import complexity as complexity_checks
 from autograde.checks import variants as variant_checks
 from autograde.compare import GradingFailure
 from autograde.reference import principles as ref
+from autograde.reference import variants as ref_variants
 from tests.conftest import REPO
 from tests.notebooks import hidden_checks, nbgrader_meta, solution_code
 from tests.submissions import CLASSES
@@ -93,15 +94,21 @@ def test_failure_messages_point_at_the_fix():
     with pytest.raises(GradingFailure, match="1/sqrt"):
         checks.check_sdpa_batched_and_masked(ns["scaled_dot_product_attention"])
     variants = CLASSES["ch2_variants"]
-    ns = namespace("ch2_variants", {"attention_entropy": variants.ENTROPY_NAN_ON_ZERO})
-    with pytest.raises(GradingFailure, match="non-finite.*0 log 0 = 0"):
-        variant_checks.check_entropy_limits(ns["attention_entropy"])
+    ns = namespace("ch2_variants", {"left_padded_causal_attention": variants.PADDED_NAN_ROWS})
+    with pytest.raises(GradingFailure, match="NaN or infinity.*return zeros"):
+        variant_checks.check_left_padded_empty_rows(ns["left_padded_causal_attention"])
     ns = namespace("ch2_variants", {"decode_with_kv_cache": variants.DECODE_RECOMPUTES})
     with pytest.raises(GradingFailure, match="once per token.*made 0 calls"):
         variant_checks.check_decode_with_kv_cache(ns["decode_with_kv_cache"])
-    ns = namespace("ch2_variants", {"EncoderLayer": variants.ENCODER_NORM_BEFORE_RESIDUAL})
-    with pytest.raises(GradingFailure, match="post-norm.*norm1\\(x \\+ attn\\(x\\)\\)"):
-        variant_checks.check_encoder_post_norm(ns["EncoderLayer"])
+    ns = namespace("ch2_variants", {"decode_step": variants.STEP_INTERLEAVED_GROUPS})
+    with pytest.raises(GradingFailure, match=r"Query head h reads KV head h // \(n_heads // n_kv_heads\)"):
+        variant_checks.check_decode_step(ns["decode_step"])
+    ns = namespace("ch2_variants", {"entropy_temperature_slope": variants.SLOPE_RAW_MOMENTS})
+    with pytest.raises(GradingFailure, match="near a million.*centre the scores"):
+        variant_checks.check_slope_limits(ns["entropy_temperature_slope"])
+    ns = namespace("ch2_variants", {"DecoderLayer": variants.DECODER_NOT_CAUSAL})
+    with pytest.raises(GradingFailure, match="post-norm.*Self-attention is causal"):
+        variant_checks.check_decoder_post_norm(ns["DecoderLayer"])
     complexity = CLASSES["ch3_complexity"]
     ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_TORCH_MASK})
     with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
@@ -115,11 +122,12 @@ def test_failure_messages_point_at_the_fix():
 
 
 def test_odd_width_check_needs_a_value_error():
-    def wrong_exception(n_positions, d_model):
-        assert d_model % 2 == 0, "odd"
+    def wrong_exception(x, positions):
+        assert x.shape[-1] % 2 == 0, "odd"
+        return ref_variants.rotary_half_split(x, positions)
 
     with pytest.raises(GradingFailure, match="should raise ValueError.*raised AssertionError"):
-        variant_checks.check_pe_odd_width(wrong_exception)
+        variant_checks.check_rope_rotation(wrong_exception)
 
 
 def test_warnings_from_student_code_do_not_reach_stderr(capfd):

@@ -176,7 +176,7 @@ def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
 
 @pytest.mark.parametrize("assignment, failing, function", [
     ("ch1_principles", "sdpa_no_scaling", "scaled_dot_product_attention"),
-    ("ch2_variants", "entropy_nan_on_zero_weights", "attention_entropy"),
+    ("ch2_variants", "padded_nan_on_empty_rows", "left_padded_causal_attention"),
 ])
 def test_feedback_is_written_without_hidden_tests(graded, assignment, failing, function):
     feedback = graded(assignment)["out"] / "feedback"

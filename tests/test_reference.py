@@ -102,64 +102,68 @@ def test_equivariance_gap_is_zero_for_attention_and_not_for_positions():
 from autograde.reference import variants  # noqa: E402
 
 
-@pytest.mark.parametrize("n, d", [(1, 2), (5, 4), (9, 16)])
-def test_positional_encoding_matches_the_formula_entry_by_entry(n, d):
-    import math
-
-    pe = variants.sinusoidal_positional_encoding(n, d)
-    for p in range(n):
-        for col in range(d):
-            angle = p / 10000 ** (2 * (col // 2) / d)
-            assert pe[p, col] == pytest.approx(math.sin(angle) if col % 2 == 0 else math.cos(angle), abs=1e-12)
+def test_rotary_half_split_matches_the_rotate_half_formula():
+    """The layout of most libraries: x * cos + rotate_half(x) * sin, with
+    rotate_half(x) = [-x2, x1] and the angles repeated over both halves."""
+    x, positions = rng.normal(size=(2, 3, 5, 8)), np.array([4, 0, 9, 2, 2])
+    angle = np.outer(positions, 1.0 / 10000 ** (np.arange(0, 8, 2) / 8))
+    cos, sin = np.tile(np.cos(angle), 2), np.tile(np.sin(angle), 2)
+    rotate_half = np.concatenate([-x[..., 4:], x[..., :4]], axis=-1)
+    np.testing.assert_allclose(variants.rotary_half_split(x, positions), x * cos + rotate_half * sin, rtol=1e-12)
     with pytest.raises(ValueError):
-        variants.sinusoidal_positional_encoding(4, 5)
+        variants.rotary_half_split(np.ones((2, 5)), np.arange(2))
 
 
-def test_causal_mask_and_causal_attention_match_torch():
-    for n in (1, 4, 9):
-        np.testing.assert_array_equal(variants.causal_mask(n), torch.ones(n, n).tril().bool().numpy())
-    x, w = rng.normal(size=(7, 5)), rng.normal(size=(3, 5, 4))
-    expected = F.scaled_dot_product_attention(*(torch.from_numpy(x @ wi) for wi in w), is_causal=True)
-    np.testing.assert_allclose(variants.causal_self_attention(x, *w), expected.numpy(), rtol=1e-10, atol=1e-12)
+def test_left_padded_attention_matches_torch_on_each_sequence_alone():
+    q, k, v = rng.normal(size=(3, 6, 4)), rng.normal(size=(3, 6, 4)), rng.normal(size=(3, 6, 2))
+    lengths = [6, 2, 0]
+    out = variants.left_padded_causal_attention(q, k, v, lengths)
+    for b, length in enumerate(lengths):
+        real = slice(6 - length, 6)
+        if length:
+            alone = F.scaled_dot_product_attention(*(torch.from_numpy(a[b, real]) for a in (q, k, v)), is_causal=True)
+            np.testing.assert_allclose(out[b, real], alone.numpy(), rtol=1e-10, atol=1e-12)
+        np.testing.assert_array_equal(out[b, :6 - length], 0.0)
 
 
-def test_cross_attention_matches_torch_multihead_cross_attention():
-    x_dec, memory = rng.normal(size=(3, 4)), rng.normal(size=(6, 4))
-    w_q, w_k, w_v = (rng.normal(size=(4, 4)) for _ in range(3))
-    mha = torch.nn.MultiheadAttention(4, 1, bias=False, batch_first=True, dtype=torch.float64)
-    with torch.no_grad():
-        mha.in_proj_weight.copy_(torch.from_numpy(np.concatenate([w_q.T, w_k.T, w_v.T])))
-        mha.out_proj.weight.copy_(torch.eye(4, dtype=torch.float64))
-        expected = mha(torch.from_numpy(x_dec), torch.from_numpy(memory), torch.from_numpy(memory))[0]
-    np.testing.assert_allclose(variants.cross_attention(x_dec, memory, w_q, w_k, w_v), expected.numpy(), rtol=1e-10)
-
-
-def test_decode_step_chain_equals_causal_attention():
-    x, (w_q, w_k, w_v) = rng.normal(size=(6, 4)), (rng.normal(size=(4, 3)) for _ in range(3))
-    cache_k, cache_v, outputs = np.zeros((0, 3)), np.zeros((0, 3)), []
+def test_grouped_query_decoding_matches_torch_gqa():
+    n, d_model, n_heads, n_kv, d_head = 7, 5, 6, 2, 3
+    x = rng.normal(size=(n, d_model))
+    w_q, w_k, w_v = (rng.normal(size=(d_model, h * d_head)) for h in (n_heads, n_kv, n_kv))
+    heads = lambda t, h: torch.from_numpy(t.reshape(n, h, d_head).transpose(1, 0, 2))
+    expected = F.scaled_dot_product_attention(heads(x @ w_q, n_heads), heads(x @ w_k, n_kv), heads(x @ w_v, n_kv),
+                                              is_causal=True, enable_gqa=True).numpy().transpose(1, 0, 2).reshape(n, -1)
+    np.testing.assert_allclose(variants.causal_gqa_attention(x, w_q, w_k, w_v, n_heads), expected, rtol=1e-10)
+    cache_k = cache_v = np.zeros((n_kv, 0, d_head))
+    outputs = []
     for x_t in x:
-        out, cache_k, cache_v = variants.decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v)
+        out, cache_k, cache_v = variants.decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads)
         outputs.append(out)
-    np.testing.assert_allclose(np.array(outputs), variants.causal_self_attention(x, w_q, w_k, w_v), rtol=1e-12)
-    np.testing.assert_allclose(cache_k, x @ w_k)
+    np.testing.assert_allclose(np.array(outputs), expected, rtol=1e-10)
+    np.testing.assert_allclose(cache_k, (x @ w_k).reshape(n, n_kv, d_head).transpose(1, 0, 2))
 
 
-def test_entropy_matches_torch_categorical_and_its_limits():
-    p = ref.softmax(rng.normal(size=(2, 3, 5)))
-    expected = torch.distributions.Categorical(probs=torch.from_numpy(p)).entropy().numpy()
-    np.testing.assert_allclose(variants.attention_entropy(p), expected, rtol=1e-12)
-    np.testing.assert_array_equal(variants.attention_entropy(np.eye(4)), np.zeros(4))
-    assert variants.attention_entropy(np.full(8, 1 / 8)) == pytest.approx(np.log(8))
+@pytest.mark.parametrize("tau", [0.3, 1.0, 4.0])
+def test_entropy_slope_equals_autograd(tau):
+    scores = rng.normal(scale=2.0, size=(4, 6))
+    scores[0, 2] = scores[3, :5] = -np.inf
+    t = torch.tensor(tau, dtype=torch.float64, requires_grad=True)
+    expected = []
+    for row in scores:
+        z = torch.from_numpy(row[np.isfinite(row)]) / t
+        h = -(torch.softmax(z, 0) * torch.log_softmax(z, 0)).sum()
+        expected.append(torch.autograd.grad(h, t)[0].item())
+    np.testing.assert_allclose(variants.entropy_temperature_slope(scores, tau), expected, rtol=1e-9, atol=1e-14)
 
 
-def test_additive_attention_matches_a_torch_loop_over_pairs():
+def test_concat_additive_attention_matches_a_torch_loop_over_pairs():
     q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 2)), rng.normal(size=(2, 5, 3))
-    w_q, w_k, w_score = rng.normal(size=(4, 6)), rng.normal(size=(2, 6)), rng.normal(size=6)
-    t = {name: torch.from_numpy(a) for name, a in dict(q=q, k=k, w_q=w_q, w_k=w_k, w_s=w_score).items()}
-    scores = torch.tensor([[[float(torch.tanh(t["q"][b, i] @ t["w_q"] + t["k"][b, j] @ t["w_k"]) @ t["w_s"])
+    w_cat, w_score = rng.normal(size=(6, 7)), rng.normal(size=7)
+    t = {name: torch.from_numpy(a) for name, a in dict(q=q, k=k, w=w_cat, s=w_score).items()}
+    scores = torch.tensor([[[float(torch.tanh(torch.cat([t["q"][b, i], t["k"][b, j]]) @ t["w"]) @ t["s"])
                              for j in range(5)] for i in range(3)] for b in range(2)], dtype=torch.float64)
     weights = torch.softmax(scores, dim=-1).numpy()
-    out, found = variants.additive_attention(q, k, v, w_q, w_k, w_score)
+    out, found = variants.concat_additive_attention(q, k, v, w_cat, w_score)
     np.testing.assert_allclose(found, weights, rtol=1e-12)
     np.testing.assert_allclose(out, weights @ v, rtol=1e-12)
 

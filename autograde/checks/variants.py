@@ -5,6 +5,7 @@ from autograde.compare import (
     GradingFailure,
     call,
     call_unchanged,
+    expect_array,
     describe,
     expect_close,
     expect_sequence,
@@ -22,246 +23,268 @@ def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
 
 
-# ------------------------------------------------------ positional encoding
+# ----------------------------------------------------------- rotary embedding
 
-def check_pe_values(sinusoidal_positional_encoding):
-    """Many table sizes, from one position or two columns up to long tables."""
-    for n_positions, d_model in [(1, 2), (1, 8), (6, 2), (7, 4), (50, 16), (128, 64), (3, 512), (2048, 128)]:
-        what = f"sinusoidal_positional_encoding({n_positions}, {d_model})"
-        found = call(sinusoidal_positional_encoding, n_positions, d_model, what=what)
-        expect_close(found, ref.sinusoidal_positional_encoding(n_positions, d_model), what=what, atol=1e-8,
-                     hint="Even columns 2i hold sin(p / 10000^(2i/d_model)) and odd columns 2i+1 the cos "
-                          "of the same angle; compute in float64.")
-
-
-def check_pe_odd_width(sinusoidal_positional_encoding):
-    """An odd d_model has no sin/cos pairing: a ValueError, not a wrong table."""
-    for d_model in (1, 3, 7, 129):
-        expect_value_error(sinusoidal_positional_encoding, 10, d_model,
-                           what=f"sinusoidal_positional_encoding(10, {d_model})", reason="d_model is odd")
+def _check_rope(rotary_half_split, x, positions, label):
+    what = f"rotary_half_split for {label}"
+    expected = ref.rotary_half_split(x, positions)
+    found = call_unchanged(rotary_half_split, x, positions, what=what)
+    expect_close(found, expected, what=what, atol=1e-9,
+                 hint="Coordinate i pairs with i + d/2 (not with i + 1); the pair turns by the angle "
+                      "position * 10000^(-2i/d), and every leading axis (batch, heads) is rotated alike.")
 
 
-# --------------------------------------------------------------- causal mask
-
-def check_causal_mask(causal_mask):
-    for n in (1, 2, 3, 5, 8, 13, 64):
-        what = f"causal_mask({n})"
-        found = call(causal_mask, n, what=what)
-        if not isinstance(found, np.ndarray) or found.dtype != np.bool_:
-            raise GradingFailure(f"{what} should return a NumPy array of dtype bool, but returned {describe(found)}.")
-        if found.shape != (n, n):
-            raise GradingFailure(f"{what} should return shape {(n, n)}, but returned shape {found.shape}.")
-        expected = ref.causal_mask(n)
-        wrong = np.argwhere(found != expected)
-        if len(wrong):
-            i, j = (int(t) for t in wrong[0])
-            raise GradingFailure(f"{what} is wrong at query {i}, key {j}: expected {bool(expected[i, j])}, "
-                                 f"found {bool(found[i, j])} ({len(wrong)} entries wrong). Query i may attend "
-                                 "to key j exactly when j <= i, itself included.")
-
-
-# ---------------------------------------------------------- cross-attention
-
-def _cross_inputs(rng, n_dec, n_enc, d_dec, d_enc, d_k, d_v, scale=1.0):
-    return (rng.normal(scale=scale, size=(n_dec, d_dec)), rng.normal(scale=scale, size=(n_enc, d_enc)),
-            rng.normal(size=(d_dec, d_k)), rng.normal(size=(d_enc, d_k)), rng.normal(size=(d_enc, d_v)))
-
-
-def _check_cross(cross_attention, inputs, label, hint):
-    what = f"cross_attention with {label}"
-    found = call_unchanged(cross_attention, *inputs, what=what)
-    expect_close(found, ref.cross_attention(*inputs), what=what, hint=hint)
-
-
-def check_cross_attention_shapes(cross_attention):
-    """Decoder and encoder of different lengths and widths, d_k != d_v, one token each side."""
+def check_rope_values(rotary_half_split):
+    """Leading batch and head axes, widths from 2 to 64, positions that do not start at 0."""
     rng = _rng(1)
-    for n_dec, n_enc, d_dec, d_enc, d_k, d_v in [(4, 6, 5, 5, 3, 2), (1, 7, 4, 6, 4, 4), (5, 1, 3, 8, 2, 6),
-                                                 (9, 3, 6, 4, 5, 1), (2, 11, 8, 8, 16, 3)]:
-        inputs = _cross_inputs(rng, n_dec, n_enc, d_dec, d_enc, d_k, d_v)
-        _check_cross(cross_attention, inputs,
-                     f"n_dec={n_dec}, n_enc={n_enc}, x_dec width {d_dec}, memory width {d_enc}, "
-                     f"d_k={d_k}, d_v={d_v}",
-                     "Queries come from x_dec @ w_q, keys and values from memory @ w_k and memory @ w_v; "
-                     "scale by 1/sqrt(d_k) and normalise over the encoder positions (the keys).")
+    for shape, positions in [((1, 2), [0]), ((5, 8), np.arange(5)), ((3, 7, 16), np.arange(7) + 40),
+                             ((2, 4, 6, 64), rng.permutation(6) * 1000), ((4, 2), [3, 1, 4, 1])]:
+        x = rng.normal(size=shape)
+        _check_rope(rotary_half_split, x, np.asarray(positions), f"x of shape {shape}, positions {list(positions)}")
 
 
-def check_cross_attention_extreme(cross_attention):
-    """Scores in the thousands: the softmax must not overflow."""
+def check_rope_rotation(rotary_half_split):
+    """Lengths are kept, scores depend only on the offset, and an odd width is refused."""
     rng = _rng(2)
-    for scale in (20.0, 200.0):
-        inputs = _cross_inputs(rng, 3, 5, 4, 6, 4, 3, scale=scale)
-        _check_cross(cross_attention, inputs, f"inputs of size about {scale:g}",
-                     "Use a numerically stable softmax (subtract the row maximum).")
+    heads, n, d = 3, 6, 12
+    q, k = rng.normal(size=(heads, n, d)), rng.normal(size=(heads, n, d))
+    for shift in (0, 7, 250):
+        positions = np.arange(n) + shift
+        what = f"rotary_half_split with positions {shift}..{shift + n - 1}"
+        rq = call(rotary_half_split, q.copy(), positions, what=what)
+        rk = call(rotary_half_split, k.copy(), positions, what=what)
+        expect_close(np.linalg.norm(rq, axis=-1), np.linalg.norm(q, axis=-1), what=f"the lengths of the rows after {what}",
+                     hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
+        scores = rq @ np.swapaxes(rk, -1, -2)
+        if shift == 0:
+            base_scores = scores
+        expect_close(scores, base_scores, what=f"the scores q_m . k_n after {what}", atol=1e-8,
+                     hint="Shifting every position by the same amount must leave the scores unchanged: "
+                          "rotate the query and the key of a pair with the same frequency.")
+    for d_odd in (1, 5, 9):
+        expect_value_error(rotary_half_split, np.ones((2, d_odd)), np.arange(2),
+                           what=f"rotary_half_split for rows of width {d_odd}", reason="the width is odd")
 
 
-# -------------------------------------------------------------- KV cache
+# ------------------------------------------------- left padding and causality
 
-def _decoder_weights(rng, d_model, d_k, d_v):
-    return (rng.normal(size=(d_model, d_k)), rng.normal(size=(d_model, d_k)), rng.normal(size=(d_model, d_v)))
+def _padded_inputs(rng, batch, n, d_k, d_v):
+    return rng.normal(size=(batch, n, d_k)), rng.normal(size=(batch, n, d_k)), rng.normal(size=(batch, n, d_v))
 
 
-def _check_step(decode_step, x_t, cache_k, cache_v, weights, label):
+def _run_padded(left_padded_causal_attention, q, k, v, lengths):
+    what = f"left_padded_causal_attention for q of shape {q.shape}, lengths {list(lengths)}"
+    found = call_unchanged(left_padded_causal_attention, q, k, v, np.asarray(lengths), what=what)
+    expect_array(found, shape=q.shape[:-1] + v.shape[-1:], what=what)
+    return found, what
+
+
+def check_left_padded_values(left_padded_causal_attention):
+    """The real rows of each sequence equal causal attention of that sequence alone,
+    whatever the padding holds (here junk in the hundreds)."""
+    rng = _rng(3)
+    for batch, n, d_k, d_v, lengths in [(3, 6, 4, 3, [6, 4, 1]), (2, 9, 8, 8, [5, 9]), (1, 1, 2, 5, [1]),
+                                        (4, 7, 3, 2, [2, 7, 3, 6])]:
+        q, k, v = _padded_inputs(rng, batch, n, d_k, d_v)
+        for b, length in enumerate(lengths):
+            pad = n - length
+            q[b, :pad], k[b, :pad], v[b, :pad] = (rng.normal(scale=300.0, size=(pad, d)) for d in (d_k, d_k, d_v))
+        expected = ref.left_padded_causal_attention(q, k, v, lengths)
+        found, what = _run_padded(left_padded_causal_attention, q, k, v, lengths)
+        for b, length in enumerate(lengths):
+            expect_close(found[b, n - length:], expected[b, n - length:],
+                         what=f"the real rows of sequence {b} (length {length}, padded on the left) from {what}",
+                         hint="Sequence b's tokens are its last lengths[b] positions; query i may attend to key j "
+                              "when j <= i and j is a real token, itself included. Scale by 1/sqrt(d_k).")
+
+
+def check_left_padded_empty_rows(left_padded_causal_attention):
+    """Padding queries have no key to attend to: their rows are zeros, never NaN,
+    including a sequence of length 0."""
+    rng = _rng(4)
+    for batch, n, d_k, d_v, lengths in [(3, 5, 4, 2, [2, 5, 0]), (2, 8, 3, 3, [1, 6]), (1, 4, 2, 2, [0])]:
+        q, k, v = _padded_inputs(rng, batch, n, d_k, d_v)
+        found, what = _run_padded(left_padded_causal_attention, q, k, v, lengths)
+        if not np.all(np.isfinite(found)):
+            raise GradingFailure(f"{what} returned NaN or infinity. With left padding and a causal mask a padding "
+                                 "query has no key it may see; return zeros for such a row instead of 0/0.")
+        for b, length in enumerate(lengths):
+            rows = found[b, :n - length]
+            if np.any(rows != 0):
+                raise GradingFailure(f"{what}: the {n - length} padding rows of sequence {b} (length {length}) "
+                                     "should be exactly zero; a padding query sees only padding keys, all masked.")
+
+
+# ------------------------------------------------- grouped-query KV cache
+
+def _gqa_weights(rng, d_model, n_heads, n_kv, d_head):
+    return (rng.normal(size=(d_model, n_heads * d_head)), rng.normal(size=(d_model, n_kv * d_head)),
+            rng.normal(size=(d_model, n_kv * d_head)))
+
+
+GQA_CONFIGS = [(4, 2, 1, 3), (6, 4, 2, 2), (5, 6, 3, 2), (8, 4, 4, 2), (3, 8, 2, 1)]  # d_model, heads, kv heads, d_head
+
+
+def _check_step(decode_step, x_t, cache_k, cache_v, weights, n_heads, label):
     what = f"decode_step with {label}"
-    result = call_unchanged(decode_step, x_t, cache_k, cache_v, *weights, what=what)
+    expected = ref.decode_step(x_t, cache_k, cache_v, *weights, n_heads)
+    result = call_unchanged(decode_step, x_t, cache_k, cache_v, *weights, n_heads, what=what)
     expect_sequence(result, 3, what=what, names="(output_t, cache_k, cache_v)")
     out, new_k, new_v = result
-    ref_out, ref_k, ref_v = ref.decode_step(x_t, cache_k, cache_v, *weights)
+    ref_out, ref_k, ref_v = expected
     expect_close(new_k, ref_k, what=f"the key cache returned by {what}",
-                 hint="Return the old key cache with x_t @ w_k appended as one new last row; "
-                      "keep the old rows as they are.")
+                 hint="The caches have shape (n_kv_heads, t, d_head): split x_t @ w_k into n_kv_heads "
+                      "contiguous slices and append each as a new last row of its head; keep the old rows.")
     expect_close(new_v, ref_v, what=f"the value cache returned by {what}",
-                 hint="Return the old value cache with x_t @ w_v appended as one new last row.")
+                 hint="Append x_t @ w_v, split into n_kv_heads slices, as one new last row per KV head.")
     expect_close(out, ref_out, what=f"the output of {what}",
-                 hint="The query x_t @ w_q attends over every cached key, the new one included; "
-                      "output_t has shape (d_v,).")
+                 hint="Query head h reads KV head h // (n_heads // n_kv_heads): consecutive query heads share "
+                      "one KV head. Concatenate the heads' outputs in order into shape (n_heads * d_head,).")
     return new_k, new_v
 
 
 def check_decode_step(decode_step):
-    """From an empty cache, from a cache holding arbitrary rows (attend to them as
-    given, do not recompute), and chained steps that feed the caches back."""
-    rng = _rng(3)
-    for d_model, d_k, d_v in [(4, 3, 2), (6, 6, 6), (5, 2, 7)]:
-        weights = _decoder_weights(rng, d_model, d_k, d_v)
-        cache_k, cache_v = np.zeros((0, d_k)), np.zeros((0, d_v))
-        for t in range(4):
+    """From an empty cache, from caches of stored rows (attend to them as given),
+    and chained steps, for one, several and as many KV heads as query heads."""
+    rng = _rng(5)
+    for d_model, n_heads, n_kv, d_head in GQA_CONFIGS:
+        weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+        label = f"d_model={d_model}, n_heads={n_heads}, {n_kv} KV heads, d_head={d_head}"
+        cache_k, cache_v = np.zeros((n_kv, 0, d_head)), np.zeros((n_kv, 0, d_head))
+        for t in range(3):
             cache_k, cache_v = _check_step(decode_step, rng.normal(size=d_model), cache_k, cache_v, weights,
-                                           f"a cache of {t} rows built by earlier steps "
-                                           f"(d_model={d_model}, d_k={d_k}, d_v={d_v})")
-        stored_k, stored_v = rng.normal(scale=3.0, size=(5, d_k)), rng.normal(size=(5, d_v))
-        _check_step(decode_step, rng.normal(size=d_model), stored_k, stored_v, weights,
-                    f"a cache of 5 stored rows (d_model={d_model}, d_k={d_k}, d_v={d_v})")
+                                           n_heads, f"a cache of {t} rows built by earlier steps ({label})")
+        stored = rng.normal(scale=2.0, size=(n_kv, 5, d_head)), rng.normal(size=(n_kv, 5, d_head))
+        _check_step(decode_step, rng.normal(size=d_model), *stored, weights, n_heads,
+                    f"a cache of 5 stored rows ({label})")
 
 
 def check_decode_with_kv_cache(decode_with_kv_cache):
-    """Equal to full causal self-attention for many sizes, and built from one
-    decode_step call per token, each given one token and the cache so far."""
-    rng = _rng(4)
-    for n, d_model, d_k, d_v in [(1, 4, 3, 2), (2, 3, 3, 3), (7, 6, 4, 5), (12, 5, 8, 2), (20, 8, 8, 8)]:
+    """Equal to causal grouped-query attention computed at once, and built from one
+    decode_step call per token, each given one token and the caches so far."""
+    rng = _rng(6)
+    for n, (d_model, n_heads, n_kv, d_head) in zip([1, 2, 7, 12, 16], GQA_CONFIGS):
         x = rng.normal(size=(n, d_model))
-        weights = _decoder_weights(rng, d_model, d_k, d_v)
-        what = f"decode_with_kv_cache for x of shape {x.shape}, d_k={d_k}, d_v={d_v}"
+        weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+        what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
+        expected = ref.causal_gqa_attention(x, *weights, n_heads)
         before = [x.copy(), *(w.copy() for w in weights)]
-        found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, what=what)
+        found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, n_heads,
+                                          what=what)
         for b, a in zip(before, (x, *weights)):
             expect_unchanged(b, a, what=what)
         calls = [tuple(tuple(shape) for shape in c) for c in calls]
-        expect_close(found, ref.causal_self_attention(x, *weights), what=what,
+        expect_close(found, expected, what=what,
                      hint="Token t's output attends to the keys of tokens 0..t, itself included.")
-        expected_calls = [((d_model,), (t, d_k), (t, d_v)) for t in range(n)]
+        expected_calls = [((d_model,), (n_kv, t, d_head), (n_kv, t, d_head)) for t in range(n)]
         if calls != expected_calls:
             raise GradingFailure(
                 f"{what} should call decode_step once per token, in order, with one token of shape "
-                f"({d_model},) and the caches so far (0, 1, 2, ... rows); it made {len(calls)} calls"
-                + (f", the first with shapes {calls[0]}." if calls else "."))
+                f"({d_model},) and the caches so far, of shape ({n_kv}, t, {d_head}) for t = 0, 1, 2, ...; "
+                f"it made {len(calls)} calls" + (f", the first with shapes {calls[0]}." if calls else "."))
 
 
-# ------------------------------------------------------------------ entropy
+# ------------------------------------------- entropy against temperature
 
-def _softmax_rows(rng, shape, scale):
-    return ref.softmax(rng.normal(scale=scale, size=shape), axis=-1)
-
-
-def _check_entropy(attention_entropy, weights, label, hint=""):
-    what = f"attention_entropy for {label}"
-    found = call_unchanged(attention_entropy, weights, what=what)
-    expect_close(found, ref.attention_entropy(weights), what=what, hint=hint)
+def _check_slope(entropy_temperature_slope, scores, tau, label, hint):
+    what = f"entropy_temperature_slope for {label}, tau={tau:g}"
+    expected = ref.entropy_temperature_slope(scores, tau)
+    found = call_unchanged(entropy_temperature_slope, scores, tau, what=what)
+    expect_close(found, expected, what=what, rtol=1e-6, atol=1e-9, hint=hint)
 
 
-def check_entropy_batched(attention_entropy):
-    """Any number of leading axes; the entropy is taken along the last one only."""
-    rng = _rng(5)
-    for shape in [(5,), (1,), (4, 6), (6, 4), (2, 3, 5), (2, 2, 3, 7)]:
-        _check_entropy(attention_entropy, _softmax_rows(rng, shape, 2.0), f"weights of shape {shape}",
-                       "Sum -p log p (natural log) along the last axis; the result has the shape "
-                       "of weights without its last axis.")
+def check_slope_values(entropy_temperature_slope):
+    """Any number of leading axes and temperatures from 0.25 to 5."""
+    rng = _rng(7)
+    hint = ("dH/dtau follows from the chain rule through p = softmax(s / tau); the result has the shape of "
+            "scores without its last axis.")
+    for shape, tau in [((5,), 1.0), ((3, 4), 0.25), ((2, 3, 6), 2.0), ((1, 1), 1.0), ((4, 8), 5.0)]:
+        _check_slope(entropy_temperature_slope, rng.normal(scale=2.0, size=shape), tau, f"scores of shape {shape}", hint)
 
 
-def check_entropy_limits(attention_entropy):
-    """One-hot rows give 0, uniform rows give ln n, masked (exactly zero) weights
-    add nothing, and probabilities as small as 1e-300 are handled."""
-    n = 6
-    one_hot = np.eye(n)
-    uniform = np.full((3, n), 1.0 / n)
-    causal = np.tril(np.ones((n, n)))
-    causal /= causal.sum(axis=-1, keepdims=True)
-    tiny = np.array([[1.0 - 2e-300, 1e-300, 1e-300, 0.0]])
-    rng = _rng(6)
-    masked = _softmax_rows(rng, (2, 4, 8), 1.0) * (rng.random((2, 4, 8)) < 0.5)
-    masked[..., 0] += 1e-3
-    masked /= masked.sum(axis=-1, keepdims=True)
-    hint = "Define 0 log 0 = 0: skip the zero weights (for example with np.where) instead of taking log(0)."
-    _check_entropy(attention_entropy, one_hot, "one-hot rows (the entropy is exactly 0)", hint)
-    _check_entropy(attention_entropy, uniform, f"uniform rows over {n} keys (the entropy is ln {n})")
-    _check_entropy(attention_entropy, causal, "the causal weights of uniform scores (rows with zeros)", hint)
-    _check_entropy(attention_entropy, tiny, "a row with weights of 1e-300 and 0", hint)
-    _check_entropy(attention_entropy, masked, "batched weights where masked keys have weight 0", hint)
+def check_slope_limits(entropy_temperature_slope):
+    """Masked keys (-inf) take no part, rows that cannot change give 0, and large
+    or shifted scores stay finite and exact."""
+    rng = _rng(8)
+    masked = rng.normal(size=(3, 6))
+    masked[0, [1, 4]] = masked[1, 2:] = -np.inf
+    masked[2, :5] = -np.inf                                   # one key left: the entropy is 0 at every tau
+    hint = "A key with score -inf has weight 0 and must add nothing (0 * inf is nan: skip those keys)."
+    _check_slope(entropy_temperature_slope, masked, 0.7, "rows with masked keys (-inf)", hint)
+    _check_slope(entropy_temperature_slope, np.full((2, 5), 3.0), 1.5, "equal scores (always uniform)", hint)
+    _check_slope(entropy_temperature_slope, rng.normal(scale=300.0, size=(2, 7)), 0.5, "scores in the hundreds",
+                 "Use a numerically stable softmax (subtract the row maximum).")
+    _check_slope(entropy_temperature_slope, rng.normal(size=(2, 7)) + 1e6, 1.0, "scores near a million",
+                 "The slope does not change when a constant is added to a row: centre the scores on their mean "
+                 "before squaring, instead of E[s^2] - E[s]^2.")
 
 
 # ---------------------------------------------------------- additive attention
 
 def _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v, score_scale=1.0):
     return (rng.normal(size=(*lead, n_q, d_q)), rng.normal(size=(*lead, n_k, d_k)), rng.normal(size=(*lead, n_k, d_v)),
-            rng.normal(size=(d_q, d_h)), rng.normal(size=(d_k, d_h)), rng.normal(scale=score_scale, size=d_h))
+            rng.normal(size=(d_q + d_k, d_h)), rng.normal(scale=score_scale, size=d_h))
 
 
-def _check_additive(additive_attention, inputs, label, hint):
-    what = f"additive_attention with {label}"
-    result = call_unchanged(additive_attention, *inputs, what=what)
+def _check_additive(concat_additive_attention, inputs, label, hint):
+    what = f"concat_additive_attention with {label}"
+    ref_out, ref_weights = ref.concat_additive_attention(*inputs)
+    result = call_unchanged(concat_additive_attention, *inputs, what=what)
     expect_sequence(result, 2, what=what, names="(output, weights)")
-    ref_out, ref_weights = ref.additive_attention(*inputs)
     expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
     expect_close(result[0], ref_out, what=f"the output from {what}")
 
 
-def check_additive_batched(additive_attention):
+def check_additive_batched(concat_additive_attention):
     """Zero to two batch axes, n_q != n_k, different query, key, hidden and value widths."""
-    rng = _rng(7)
+    rng = _rng(9)
     for lead, n_q, n_k, d_q, d_k, d_h, d_v in [((), 3, 5, 4, 6, 7, 2), ((), 1, 1, 2, 2, 3, 1), ((2,), 4, 4, 3, 3, 5, 3),
                                                ((2, 3), 2, 6, 5, 4, 8, 4), ((1,), 7, 3, 6, 2, 4, 5)]:
-        _check_additive(additive_attention, _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v),
+        _check_additive(concat_additive_attention, _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v),
                         f"batch axes {lead}, n_q={n_q}, n_k={n_k}, widths d_q={d_q}, d_k={d_k}, "
                         f"d_h={d_h}, d_v={d_v}",
-                        "score[i, j] = w_score · tanh(q_i @ w_q + k_j @ w_k); softmax over the keys j.")
+                        "[q_i, k_j] @ w_cat = q_i @ (first d_q rows of w_cat) + k_j @ (the other d_k rows); "
+                        "softmax over the keys j.")
 
 
-def check_additive_extreme(additive_attention):
+def check_additive_extreme(concat_additive_attention):
     """A long w_score makes the scores large: the softmax must not overflow."""
-    rng = _rng(8)
+    rng = _rng(10)
     for scale in (100.0, 1000.0):
-        _check_additive(additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
+        _check_additive(concat_additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
                         f"w_score entries of size about {scale:g}",
                         "Use a numerically stable softmax (subtract the row maximum).")
 
 
-# ------------------------------------------------------------ encoder layer
+# ------------------------------------------------------------ decoder layer
+
+def _attention_targets(attn, prefix):
+    d = attn.embed_dim
+    return {f"{prefix}_q": (attn.in_proj_weight[:d], attn.in_proj_bias[:d]),
+            f"{prefix}_k": (attn.in_proj_weight[d:2 * d], attn.in_proj_bias[d:2 * d]),
+            f"{prefix}_v": (attn.in_proj_weight[2 * d:], attn.in_proj_bias[2 * d:]),
+            f"{prefix}_o": (attn.out_proj.weight, attn.out_proj.bias)}
+
 
 def load_torch_weights(layer, torch_layer):
-    """Copy a torch.nn.TransformerEncoderLayer's weights into the exercise's
-    EncoderLayer (attributes w_q, w_k, w_v, w_o, ff1, ff2, norm1, norm2)."""
+    """Copy a torch.nn.TransformerDecoderLayer's weights into the exercise's
+    DecoderLayer (self_q..self_o, cross_q..cross_o, ff1, ff2, norm1..norm3)."""
     import torch
 
-    d_model = torch_layer.self_attn.embed_dim
-    attn = torch_layer.self_attn
-    targets = {
-        "w_q": (attn.in_proj_weight[:d_model], attn.in_proj_bias[:d_model]),
-        "w_k": (attn.in_proj_weight[d_model:2 * d_model], attn.in_proj_bias[d_model:2 * d_model]),
-        "w_v": (attn.in_proj_weight[2 * d_model:], attn.in_proj_bias[2 * d_model:]),
-        "w_o": (attn.out_proj.weight, attn.out_proj.bias),
-        "ff1": (torch_layer.linear1.weight, torch_layer.linear1.bias),
-        "ff2": (torch_layer.linear2.weight, torch_layer.linear2.bias),
-        "norm1": (torch_layer.norm1.weight, torch_layer.norm1.bias),
-        "norm2": (torch_layer.norm2.weight, torch_layer.norm2.bias),
-    }
+    targets = {**_attention_targets(torch_layer.self_attn, "self"),
+               **_attention_targets(torch_layer.multihead_attn, "cross"),
+               "ff1": (torch_layer.linear1.weight, torch_layer.linear1.bias),
+               "ff2": (torch_layer.linear2.weight, torch_layer.linear2.bias),
+               **{f"norm{i}": (getattr(torch_layer, f"norm{i}").weight, getattr(torch_layer, f"norm{i}").bias)
+                  for i in (1, 2, 3)}}
     with torch.no_grad():
         for name, (weight, bias) in targets.items():
             module = getattr(layer, name, None)
             if module is None or getattr(module, "weight", None) is None or getattr(module, "bias", None) is None:
-                raise GradingFailure(f"EncoderLayer has no attribute {name} with a weight and a bias; keep the "
+                raise GradingFailure(f"DecoderLayer has no attribute {name} with a weight and a bias; keep the "
                                      "attributes that the given __init__ creates.")
             if module.weight.shape != weight.shape or module.bias.shape != bias.shape:
-                raise GradingFailure(f"EncoderLayer.{name} has weight shape {tuple(module.weight.shape)}, "
+                raise GradingFailure(f"DecoderLayer.{name} has weight shape {tuple(module.weight.shape)}, "
                                      f"expected {tuple(weight.shape)}.")
             module.weight.copy_(weight)
             module.bias.copy_(bias)
@@ -271,7 +294,7 @@ def _torch_layer(d_model, num_heads, d_ff, norm_first, seed):
     import torch
 
     torch.manual_seed(seed)
-    layer = torch.nn.TransformerEncoderLayer(d_model, num_heads, d_ff, dropout=0.0, activation="relu",
+    layer = torch.nn.TransformerDecoderLayer(d_model, num_heads, d_ff, dropout=0.0, activation="relu",
                                              batch_first=True, norm_first=norm_first, dtype=torch.float64)
     with torch.no_grad():  # non-trivial LayerNorm parameters and biases, so each must be used
         for name, p in layer.named_parameters():
@@ -282,37 +305,43 @@ def _torch_layer(d_model, num_heads, d_ff, norm_first, seed):
     return layer.eval()
 
 
-def _check_encoder(EncoderLayer, norm_first):
+def _check_decoder(DecoderLayer, norm_first):
     import torch
 
     kind = "pre-norm (norm_first=True)" if norm_first else "post-norm (norm_first=False)"
-    configs = [(2, 5, 8, 2, 16), (1, 1, 4, 1, 8), (3, 7, 12, 3, 5), (2, 4, 8, 8, 32), (1, 9, 6, 2, 24)]
-    for seed, (batch, n, d_model, heads, d_ff) in enumerate(configs):
-        what = f"EncoderLayer({d_model}, {heads}, {d_ff}, norm_first={norm_first})"
-        layer = call(EncoderLayer, d_model, heads, d_ff, norm_first=norm_first, what=what)
+    # batch, target tokens, memory tokens, d_model, heads, d_ff
+    configs = [(2, 5, 3, 8, 2, 16), (1, 1, 4, 4, 1, 8), (3, 7, 7, 12, 3, 5), (2, 4, 9, 8, 8, 32), (1, 9, 1, 6, 2, 24)]
+    for seed, (batch, n, m, d_model, heads, d_ff) in enumerate(configs):
+        what = f"DecoderLayer({d_model}, {heads}, {d_ff}, norm_first={norm_first})"
+        layer = call(DecoderLayer, d_model, heads, d_ff, norm_first=norm_first, what=what)
         if not is_instance(layer, torch.nn.Module):
             raise GradingFailure(f"{what} should create a torch.nn.Module, but created {describe(layer)}.")
         reference = _torch_layer(d_model, heads, d_ff, norm_first, seed)
         layer = layer.double().eval()
         load_torch_weights(layer, reference)
-        x = torch.from_numpy(_rng(9 + seed).normal(size=(batch, n, d_model)))
-        before = x.clone()
-        what = f"the {kind} output of {what} for x of shape {tuple(x.shape)}"
-        found = call(layer, x, what=what)
+        rng = _rng(20 + seed)
+        x = torch.from_numpy(rng.normal(size=(batch, n, d_model)))
+        memory = torch.from_numpy(rng.normal(size=(batch, m, d_model)))
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(n, dtype=torch.float64)
+        expected = reference(x, memory, tgt_mask=causal, tgt_is_causal=True).detach().numpy()
+        before = x.clone(), memory.clone()
+        what = (f"the {kind} output of {what} for x of shape {tuple(x.shape)} and memory of shape "
+                f"{tuple(memory.shape)}")
+        found = call(layer, x, memory, what=what)
         if not isinstance(found, torch.Tensor):
             raise GradingFailure(f"{what} should be a torch.Tensor, but is {describe(found)}.")
-        if not torch.equal(before, x):
-            raise GradingFailure(f"{what}: forward modified its input in place.")
-        expected = reference(x).detach().numpy()
+        if not (torch.equal(before[0], x) and torch.equal(before[1], memory)):
+            raise GradingFailure(f"{what}: forward modified its inputs in place.")
         expect_close(found.detach().numpy(), expected, what=what, atol=1e-8,
-                     hint="Post-norm: x = norm1(x + attn(x)); x = norm2(x + ff(x)). "
-                          "Pre-norm: x = x + attn(norm1(x)); x = x + ff(norm2(x)). "
-                          "Each head scales its scores by 1/sqrt(d_model // num_heads).")
+                     hint="Self-attention is causal (token i sees tokens 0..i) over x; cross-attention takes its "
+                          "queries from x and its keys and values from memory. Post-norm: x = norm1(x + self(x)); "
+                          "x = norm2(x + cross(x, memory)); x = norm3(x + ff(x)). Pre-norm: x = x + self(norm1(x)); "
+                          "x = x + cross(norm2(x), memory); x = x + ff(norm3(x)).")
 
 
-def check_encoder_post_norm(EncoderLayer):
-    _check_encoder(EncoderLayer, norm_first=False)
+def check_decoder_post_norm(DecoderLayer):
+    _check_decoder(DecoderLayer, norm_first=False)
 
 
-def check_encoder_pre_norm(EncoderLayer):
-    _check_encoder(EncoderLayer, norm_first=True)
+def check_decoder_pre_norm(DecoderLayer):
+    _check_decoder(DecoderLayer, norm_first=True)

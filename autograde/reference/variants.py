@@ -1,15 +1,20 @@
 """Reference implementations for Chapter 2 (Variants)."""
 import numpy as np
 
-from autograde.reference.principles import scaled_dot_product_attention, softmax
+from autograde.reference.principles import softmax
 
 
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError(f"d_model must be even, got {d_model}")
-    # Column pairs (2i, 2i+1) share one angle; stack sin and cos, then interleave.
-    angle = np.outer(np.arange(n_positions), 10000.0 ** (-np.arange(0, d_model, 2) / d_model))
-    return np.stack([np.sin(angle), np.cos(angle)], axis=-1).reshape(n_positions, d_model)
+def rotary_half_split(x, positions, base=10000.0):
+    """RoPE pairing coordinate i with i + d/2, the layout of most libraries."""
+    x = np.asarray(x, dtype=np.float64)
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"rotary embeddings need an even width, got {d}")
+    half = d // 2
+    angle = np.outer(np.asarray(positions, dtype=np.float64), base ** (-2.0 * np.arange(half) / d))
+    cos, sin = np.cos(angle), np.sin(angle)
+    first, second = x[..., :half], x[..., half:]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
 
 
 def causal_mask(n):
@@ -17,33 +22,68 @@ def causal_mask(n):
     return cols <= rows
 
 
-def cross_attention(x_dec, memory, w_q, w_k, w_v):
-    out, _ = scaled_dot_product_attention(x_dec @ w_q, memory @ w_k, memory @ w_v)
-    return out
+def left_padded_keep(lengths, n):
+    """(batch, n, n): key j is a real token (j >= n - length) and not in the future."""
+    real = np.arange(n)[None, :] >= n - np.asarray(lengths)[:, None]
+    return causal_mask(n)[None] & real[:, None, :]
 
 
-def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v):
-    """One token: append its key and value, attend over the whole cache."""
+def masked_softmax_or_zero(scores, keep):
+    """Softmax over the kept entries of each row; a row with none kept is all zeros."""
+    kept_max = np.max(np.where(keep, scores, -np.inf), axis=-1, keepdims=True)
+    shifted = np.where(keep, scores - np.where(np.isfinite(kept_max), kept_max, 0.0), -np.inf)
+    e = np.exp(shifted)
+    total = e.sum(axis=-1, keepdims=True)
+    return np.divide(e, total, out=np.zeros_like(e), where=total > 0)
+
+
+def left_padded_causal_attention(q, k, v, lengths):
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    return masked_softmax_or_zero(scores, left_padded_keep(lengths, q.shape[-2])) @ v
+
+
+def gqa_shapes(w_q, w_k, n_heads):
+    d_head = w_q.shape[1] // n_heads
+    return d_head, w_k.shape[1] // d_head
+
+
+def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
+    """Grouped-query decoding step; caches are (n_kv_heads, t, d_head)."""
     x_t = np.asarray(x_t, dtype=np.float64)
-    cache_k = np.concatenate([cache_k, (x_t @ w_k)[None]], axis=0)
-    cache_v = np.concatenate([cache_v, (x_t @ w_v)[None]], axis=0)
-    out, _ = scaled_dot_product_attention((x_t @ w_q)[None], cache_k, cache_v)
-    return out[0], cache_k, cache_v
+    d_head, n_kv = gqa_shapes(w_q, w_k, n_heads)
+    cache_k = np.concatenate([cache_k, (x_t @ w_k).reshape(n_kv, 1, d_head)], axis=1)
+    cache_v = np.concatenate([cache_v, (x_t @ w_v).reshape(n_kv, 1, d_head)], axis=1)
+    group = np.arange(n_heads) // (n_heads // n_kv)          # query head h reads KV head h // group size
+    q = (x_t @ w_q).reshape(n_heads, 1, d_head)
+    weights = softmax(q @ np.swapaxes(cache_k[group], -1, -2) / np.sqrt(d_head))
+    return (weights @ cache_v[group]).reshape(n_heads * d_head), cache_k, cache_v
 
 
-def causal_self_attention(x, w_q, w_k, w_v):
-    """What decoding with a KV cache must reproduce, computed all at once."""
-    out, _ = scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v, causal_mask(len(x)))
-    return out
+def causal_gqa_attention(x, w_q, w_k, w_v, n_heads):
+    """What grouped-query decoding must reproduce, computed all at once."""
+    x = np.asarray(x, dtype=np.float64)
+    n = len(x)
+    d_head, n_kv = gqa_shapes(w_q, w_k, n_heads)
+    q = (x @ w_q).reshape(n, n_heads, d_head).transpose(1, 0, 2)
+    k, v = ((x @ w).reshape(n, n_kv, d_head).transpose(1, 0, 2) for w in (w_k, w_v))
+    k, v = (np.repeat(t, n_heads // n_kv, axis=0) for t in (k, v))
+    scores = np.where(causal_mask(n), q @ np.swapaxes(k, -1, -2) / np.sqrt(d_head), -np.inf)
+    return (softmax(scores) @ v).transpose(1, 0, 2).reshape(n, n_heads * d_head)
 
 
-def attention_entropy(weights):
-    p = np.asarray(weights, dtype=np.float64)
-    logs = np.log(np.where(p > 0, p, 1.0))  # 0 log 0 = 0
-    return -np.sum(p * logs, axis=-1)
+def entropy_temperature_slope(scores, tau):
+    """dH/dtau for p = softmax(scores / tau): the variance of the scores under p, over tau^3."""
+    s = np.asarray(scores, dtype=np.float64)
+    keep = np.isfinite(s)
+    p = masked_softmax_or_zero(s / tau, keep)
+    s = np.where(keep, s, 0.0)
+    mean = np.sum(p * s, axis=-1, keepdims=True)
+    return np.sum(p * (s - mean) ** 2, axis=-1) / tau ** 3
 
 
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    hidden = np.tanh((q @ w_q)[..., :, None, :] + (k @ w_k)[..., None, :, :])
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_q = q.shape[-1]
+    hidden = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :])
     weights = softmax(hidden @ w_score, axis=-1)
     return weights @ v, weights

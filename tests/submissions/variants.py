@@ -7,459 +7,406 @@ autograded cell must get full points."""
 ASSIGNMENT = "ch2_variants"
 NOTEBOOK = "variants.ipynb"
 
-# --- positional encoding ------------------------------------------------------
+# --- rotary embeddings ------------------------------------------------------------
 
-PE_SIN_COS_SWAPPED = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError("d_model must be even")
-    angle = np.arange(n_positions)[:, None] / 10000.0 ** (np.arange(0, d_model, 2) / d_model)
-    pe = np.zeros((n_positions, d_model))
-    pe[:, 0::2] = np.cos(angle)
-    pe[:, 1::2] = np.sin(angle)
-    return pe
+ROPE_INTERLEAVED = '''
+def rotary_half_split(x, positions):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError("odd width")
+    angle = np.asarray(positions)[:, None] * 10000.0 ** (-np.arange(0, d, 2) / d)
+    out = np.empty(x.shape)
+    # Bug: the chapter's layout, pairs (2i, 2i+1), instead of (i, i + d/2).
+    out[..., 0::2] = x[..., 0::2] * np.cos(angle) - x[..., 1::2] * np.sin(angle)
+    out[..., 1::2] = x[..., 0::2] * np.sin(angle) + x[..., 1::2] * np.cos(angle)
+    return out
 '''
 
-PE_EXPONENT_DOUBLED = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError("d_model must be even")
-    # Bug: 2 * (2i) in the exponent, the column index doubled once too often.
-    angle = np.arange(n_positions)[:, None] / 10000.0 ** (2 * np.arange(0, d_model, 2) / d_model)
-    pe = np.zeros((n_positions, d_model))
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
+ROPE_NOT_A_ROTATION = '''
+def rotary_half_split(x, positions):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError("odd width")
+    h = d // 2
+    angle = np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(h) / d)
+    a, b = x[..., :h], x[..., h:]
+    # Bug: a sign slip, so the map is no longer a rotation.
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), b * np.cos(angle) - a * np.sin(angle)], axis=-1)
 '''
 
-PE_EXPONENT_HALVED = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError("d_model must be even")
-    i = np.arange(d_model // 2)
-    angle = np.arange(n_positions)[:, None] / 10000.0 ** (i / d_model)  # Bug: i instead of 2i
-    pe = np.zeros((n_positions, d_model))
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
+ROPE_EXPONENT_HALVED = '''
+def rotary_half_split(x, positions):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError("odd width")
+    h = d // 2
+    angle = np.asarray(positions)[:, None] * 10000.0 ** (-np.arange(h) / d)  # Bug: i / d, not 2i / d
+    a, b = x[..., :h], x[..., h:]
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], axis=-1)
 '''
 
-PE_FLOAT32 = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError("d_model must be even")
-    angle = np.arange(n_positions, dtype=np.float32)[:, None] / np.float32(10000.0) ** (
-        np.arange(0, d_model, 2, dtype=np.float32) / np.float32(d_model))
-    pe = np.zeros((n_positions, d_model), dtype=np.float32)
-    pe[:, 0::2] = np.sin(angle)
-    pe[:, 1::2] = np.cos(angle)
-    return pe
+ROPE_NO_ODD_CHECK = '''
+def rotary_half_split(x, positions):
+    h = x.shape[-1] // 2
+    angle = np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(h) / x.shape[-1])
+    a, b = x[..., :h], x[..., h:]
+    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], axis=-1)
 '''
 
-# Correct for every even width; for an odd one it quietly returns a table.
-PE_WHERE_NO_CHECK = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    column = np.arange(d_model)
-    angle = np.arange(n_positions)[:, None] / 10000.0 ** (2 * (column // 2) / d_model)
-    return np.where(column % 2 == 0, np.sin(angle), np.cos(angle))
+# --- left padding and causality ----------------------------------------------------
+
+_SAFE_SOFTMAX = '''
+def _masked_rows(scores, keep):
+    scores = np.where(keep, scores, -np.inf)
+    top = np.max(scores, axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
 '''
 
-# --- causal mask ----------------------------------------------------------------
-
-MASK_STRICT = '''
-def causal_mask(n):
-    return np.tril(np.ones((n, n), dtype=bool), k=-1)  # Bug: j < i, the diagonal is lost
+PADDED_ON_THE_RIGHT = _SAFE_SOFTMAX + '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    keep = (idx[None, None, :] <= idx[None, :, None]) & (idx[None, None, :] < np.asarray(lengths)[:, None, None])
+    return _masked_rows(q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]), keep) @ v  # Bug: real keys first
 '''
 
-MASK_UPPER = '''
-def causal_mask(n):
-    return np.triu(np.ones((n, n), dtype=bool))  # Bug: j >= i, the future instead of the past
+PADDED_NAN_ROWS = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    keep = (idx[None, None, :] <= idx[None, :, None]) & (idx[None, None, :] >= n - np.asarray(lengths)[:, None, None])
+    scores = np.where(keep, q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]), -np.inf)
+    return softmax(scores) @ v  # Bug: a row with no key gives 0/0 = nan
 '''
 
-MASK_FLOATS = '''
-def causal_mask(n):
-    return np.tril(np.ones((n, n)))  # Bug: 0.0/1.0 floats, not booleans
+PADDED_LOSES_DIAGONAL = _SAFE_SOFTMAX + '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    keep = (idx[None, None, :] < idx[None, :, None]) & (idx[None, None, :] >= n - np.asarray(lengths)[:, None, None])
+    return _masked_rows(q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]), keep) @ v  # Bug: j < i
 '''
 
-# --- cross-attention ------------------------------------------------------------
-
-CROSS_KEYS_FROM_DECODER = '''
-def cross_attention(x_dec, memory, w_q, w_k, w_v):
-    q, k, v = x_dec @ w_q, x_dec @ w_k, memory @ w_v
-    weights = softmax(q @ k.T / np.sqrt(k.shape[-1]), axis=-1)
-    return weights @ v
+PADDED_MASK_AFTER_SOFTMAX = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    causal = idx[None, None, :] <= idx[None, :, None]
+    real = idx[None, None, :] >= n - np.asarray(lengths)[:, None, None]
+    weights = softmax(np.where(causal, q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]), -np.inf))
+    return (weights * real) @ v  # Bug: padding removed after the softmax, rows no longer sum to 1
 '''
 
-CROSS_SCALE_BY_D_V = '''
-def cross_attention(x_dec, memory, w_q, w_k, w_v):
-    q, k, v = x_dec @ w_q, memory @ w_k, memory @ w_v
-    weights = softmax(q @ k.T / np.sqrt(v.shape[-1]), axis=-1)
-    return weights @ v
-'''
+# --- grouped-query KV cache ---------------------------------------------------------
 
-CROSS_UNSTABLE = '''
-def cross_attention(x_dec, memory, w_q, w_k, w_v):
-    q, k, v = x_dec @ w_q, memory @ w_k, memory @ w_v
-    e = np.exp(q @ k.T / np.sqrt(k.shape[-1]))
-    return (e / e.sum(axis=-1, keepdims=True)) @ v
-'''
-
-# --- KV cache -------------------------------------------------------------------
-
-STEP_QUERY_MISSES_ITSELF = '''
-def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v):
-    query = x_t @ w_q
-    # Bug: attends over the old cache before appending the new token.
-    weights = softmax(cache_k @ query / np.sqrt(w_k.shape[1]))
-    out = weights @ cache_v
-    return out, np.vstack([cache_k, x_t @ w_k]), np.vstack([cache_v, x_t @ w_v])
+STEP_INTERLEAVED_GROUPS = '''
+def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
+    d = w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    keys = np.concatenate([cache_k, (x_t @ w_k).reshape(g, 1, d)], axis=1)
+    values = np.concatenate([cache_v, (x_t @ w_v).reshape(g, 1, d)], axis=1)
+    kv = np.arange(n_heads) % g  # Bug: heads 0, g, 2g, ... share a KV head instead of consecutive heads
+    q = (x_t @ w_q).reshape(n_heads, 1, d)
+    weights = softmax(q @ keys[kv].transpose(0, 2, 1) / np.sqrt(d))
+    return (weights @ values[kv]).reshape(-1), keys, values
 '''
 
 STEP_PREPENDS = '''
-def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v):
+def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
+    d = w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
     # Bug: the new row goes first, so the cache is stored newest-first.
-    cache_k = np.vstack([x_t @ w_k, cache_k])
-    cache_v = np.vstack([x_t @ w_v, cache_v])
-    weights = softmax(cache_k @ (x_t @ w_q) / np.sqrt(cache_k.shape[1]))
-    return weights @ cache_v, cache_k, cache_v
-'''
-
-DECODE_WRONG_POSITIONS = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v):
-    outputs = []
-    for t in range(len(x)):
-        seen = x[:max(t, 1)]  # Bug: recomputes from scratch and stops one token short
-        k, v = seen @ w_k, seen @ w_v
-        weights = softmax(k @ (x[t] @ w_q) / np.sqrt(k.shape[1]))
-        outputs.append(weights @ v)
-    return np.array(outputs)
+    keys = np.concatenate([(x_t @ w_k).reshape(g, 1, d), cache_k], axis=1)
+    values = np.concatenate([(x_t @ w_v).reshape(g, 1, d), cache_v], axis=1)
+    kv = np.arange(n_heads) // (n_heads // g)
+    q = (x_t @ w_q).reshape(n_heads, 1, d)
+    weights = softmax(q @ keys[kv].transpose(0, 2, 1) / np.sqrt(d))
+    return (weights @ values[kv]).reshape(-1), keys, values
 '''
 
 DECODE_RECOMPUTES = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v):
-    # Right numbers, but no cache: every step re-projects the whole prefix.
-    outputs = []
-    for t in range(len(x)):
-        k, v = x[:t + 1] @ w_k, x[:t + 1] @ w_v
-        weights = softmax(k @ (x[t] @ w_q) / np.sqrt(k.shape[1]))
-        outputs.append(weights @ v)
-    return np.array(outputs)
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
+    # Right numbers, but no cache: all of it at once with a causal mask.
+    n, d = len(x), w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    q = (x @ w_q).reshape(n, n_heads, d).transpose(1, 0, 2)
+    k, v = (np.repeat((x @ w).reshape(n, g, d).transpose(1, 0, 2), n_heads // g, axis=0) for w in (w_k, w_v))
+    scores = np.where(np.tri(n, dtype=bool), q @ k.transpose(0, 2, 1) / np.sqrt(d), -np.inf)
+    return (softmax(scores) @ v).transpose(1, 0, 2).reshape(n, -1)
 '''
 
-# --- entropy --------------------------------------------------------------------
+# --- entropy against temperature -------------------------------------------------------
 
-ENTROPY_NAN_ON_ZERO = '''
-def attention_entropy(weights):
-    return -np.sum(weights * np.log(weights), axis=-1)
+SLOPE_WRONG_POWER = '''
+def entropy_temperature_slope(scores, tau):
+    keep = np.isfinite(scores)
+    s = np.where(keep, scores, 0.0)
+    p = np.where(keep, softmax(scores / tau), 0.0)
+    centred = s - (p * s).sum(-1, keepdims=True)
+    return (p * centred ** 2).sum(-1) / tau ** 2  # Bug: one factor of tau lost in the chain rule
 '''
 
-ENTROPY_LOG2 = '''
-def attention_entropy(weights):
-    safe = np.where(weights > 0, weights, 1.0)
-    return -np.sum(weights * np.log2(safe), axis=-1)
+SLOPE_NAN_ON_MASKED = '''
+def entropy_temperature_slope(scores, tau):
+    p = softmax(scores / tau)
+    mean = (p * scores).sum(-1, keepdims=True)  # Bug: 0 * (-inf) = nan on masked keys
+    return (p * (scores - mean) ** 2).sum(-1) / tau ** 3
 '''
 
-ENTROPY_FIRST_AXIS = '''
-def attention_entropy(weights):
-    safe = np.where(weights > 0, weights, 1.0)
-    return -np.sum(weights * np.log(safe), axis=0)
+SLOPE_UNWEIGHTED_VARIANCE = '''
+def entropy_temperature_slope(scores, tau):
+    return np.var(scores, axis=-1) / tau ** 3  # Bug: the variance over keys, not under the weights p
 '''
 
-ENTROPY_KEEPDIMS = '''
-def attention_entropy(weights):
-    safe = np.where(weights > 0, weights, 1.0)
-    return -np.sum(weights * np.log(safe), axis=-1, keepdims=True)
+SLOPE_RAW_MOMENTS = '''
+def entropy_temperature_slope(scores, tau):
+    keep = np.isfinite(scores)
+    s = np.where(keep, scores, 0.0)
+    p = np.where(keep, softmax(scores / tau), 0.0)
+    # Bug: E[s^2] - E[s]^2 cancels catastrophically when the scores are far from 0.
+    return ((p * s ** 2).sum(-1) - (p * s).sum(-1) ** 2) / tau ** 3
 '''
 
-# --- additive attention -----------------------------------------------------------
+# --- additive attention ------------------------------------------------------------------
 
-ADDITIVE_TANH_OUTSIDE = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    summed = np.expand_dims(q @ w_q, -2) + np.expand_dims(k @ w_k, -3)
-    weights = softmax(np.tanh(summed @ w_score), axis=-1)  # Bug: tanh after the projection
+ADDITIVE_SPLIT_AT_D_K = '''
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_k = k.shape[-1]
+    # Bug: splits w_cat after d_k rows; right only when d_q == d_k.
+    hidden = np.tanh((q @ w_cat[:d_k])[..., :, None, :] + (k @ w_cat[d_k:])[..., None, :, :])
+    weights = softmax(hidden @ w_score)
     return weights @ v, weights
 '''
 
-ADDITIVE_OVER_QUERIES = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    scores = np.tanh(np.expand_dims(q @ w_q, -2) + np.expand_dims(k @ w_k, -3)) @ w_score
-    weights = softmax(scores, axis=-2)  # Bug: normalised over the queries
+ADDITIVE_KEY_FIRST = '''
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_k = k.shape[-1]
+    # Bug: the key's rows of w_cat taken first, as if the pair were [k, q].
+    hidden = np.tanh((q @ w_cat[d_k:])[..., :, None, :] + (k @ w_cat[:d_k])[..., None, :, :])
+    weights = softmax(hidden @ w_score)
     return weights @ v, weights
 '''
 
 ADDITIVE_2D_ONLY = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    scores = np.tanh((q @ w_q)[:, None, :] + (k @ w_k)[None, :, :]) @ w_score
-    weights = softmax(scores, axis=-1)
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_q = q.shape[-1]
+    hidden = np.tanh((q @ w_cat[:d_q])[:, None, :] + (k @ w_cat[d_q:])[None, :, :])
+    weights = softmax(hidden @ w_score)
     return weights @ v, weights
 '''
 
 ADDITIVE_UNSTABLE = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    scores = np.tanh(np.expand_dims(q @ w_q, -2) + np.expand_dims(k @ w_k, -3)) @ w_score
-    e = np.exp(scores)
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_q = q.shape[-1]
+    e = np.exp(np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :]) @ w_score)
     weights = e / e.sum(axis=-1, keepdims=True)
     return weights @ v, weights
 '''
 
-# --- encoder layer ------------------------------------------------------------------
+# --- decoder layer -------------------------------------------------------------------------
 
-_ENCODER_INIT = '''
-class EncoderLayer(torch.nn.Module):
+_DECODER_INIT = '''
+class DecoderLayer(torch.nn.Module):
     def __init__(self, d_model, num_heads, d_ff, norm_first=False):
         super().__init__()
         self.num_heads = num_heads
         self.norm_first = norm_first
-        self.w_q = torch.nn.Linear(d_model, d_model)
-        self.w_k = torch.nn.Linear(d_model, d_model)
-        self.w_v = torch.nn.Linear(d_model, d_model)
-        self.w_o = torch.nn.Linear(d_model, d_model)
+        for block in ("self", "cross"):
+            for part in "qkvo":
+                setattr(self, f"{block}_{part}", torch.nn.Linear(d_model, d_model))
         self.ff1 = torch.nn.Linear(d_model, d_ff)
         self.ff2 = torch.nn.Linear(d_ff, d_model)
         self.norm1 = torch.nn.LayerNorm(d_model)
         self.norm2 = torch.nn.LayerNorm(d_model)
-'''
+        self.norm3 = torch.nn.LayerNorm(d_model)
 
-_ENCODER_HEAD = _ENCODER_INIT + '''
-    def attn(self, x, scale_width=None):
-        b, n, d = x.shape
-        h = self.num_heads
-        split = lambda t: t.reshape(b, n, h, d // h).permute(0, 2, 1, 3)
-        q, k, v = split(self.w_q(x)), split(self.w_k(x)), split(self.w_v(x))
-        width = scale_width or d // h
-        weights = torch.softmax(q @ k.transpose(-2, -1) / width ** 0.5, dim=-1)
-        return self.w_o((weights @ v).permute(0, 2, 1, 3).reshape(b, n, d))
+    def attend(self, x, source, block, causal):
+        heads = lambda t: t.unflatten(-1, (self.num_heads, -1)).transpose(1, 2)
+        q, k, v = heads(getattr(self, block + "_q")(x)), heads(getattr(self, block + "_k")(source)), \\
+            heads(getattr(self, block + "_v")(source))
+        out = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return getattr(self, block + "_o")(out.transpose(1, 2).flatten(2))
 
     def ff(self, x):
         return self.ff2(torch.relu(self.ff1(x)))
 '''
 
-ENCODER_NORM_BEFORE_RESIDUAL = _ENCODER_HEAD + '''
-    def forward(self, x):
+DECODER_NOT_CAUSAL = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        sa = lambda t: self.attend(t, t, "self", causal=False)  # Bug: later tokens visible
         if self.norm_first:
-            x = x + self.attn(self.norm1(x))
-            return x + self.ff(self.norm2(x))
-        x = x + self.norm1(self.attn(x))  # Bug: LayerNorm before the residual add
-        return x + self.norm2(self.ff(x))
+            x = x + sa(self.norm1(x))
+            x = x + self.attend(self.norm2(x), memory, "cross", False)
+            return x + self.ff(self.norm3(x))
+        x = self.norm1(x + sa(x))
+        x = self.norm2(x + self.attend(x, memory, "cross", False))
+        return self.norm3(x + self.ff(x))
 '''
 
-ENCODER_IGNORES_NORM_FIRST = _ENCODER_HEAD + '''
-    def forward(self, x):
-        x = self.norm1(x + self.attn(x))
-        return self.norm2(x + self.ff(x))
-'''
-
-ENCODER_SCALES_BY_D_MODEL = _ENCODER_HEAD + '''
-    def forward(self, x):
-        d = x.shape[-1]
+DECODER_CROSS_KEYS_FROM_X = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        ca = lambda t: self.attend(t, t, "cross", False)  # Bug: keys and values from the target, not memory
         if self.norm_first:
-            x = x + self.attn(self.norm1(x), scale_width=d)
-            return x + self.ff(self.norm2(x))
-        x = self.norm1(x + self.attn(x, scale_width=d))
-        return self.norm2(x + self.ff(x))
+            x = x + self.attend(self.norm1(x), self.norm1(x), "self", True)
+            x = x + ca(self.norm2(x))
+            return x + self.ff(self.norm3(x))
+        x = self.norm1(x + self.attend(x, x, "self", True))
+        x = self.norm2(x + ca(x))
+        return self.norm3(x + self.ff(x))
 '''
 
-ENCODER_PRE_NORM_REUSES_NORM1 = _ENCODER_HEAD + '''
-    def forward(self, x):
+DECODER_IGNORES_NORM_FIRST = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        x = self.norm1(x + self.attend(x, x, "self", True))
+        x = self.norm2(x + self.attend(x, memory, "cross", False))
+        return self.norm3(x + self.ff(x))
+'''
+
+DECODER_POST_NORM_ONE_NORM = _DECODER_INIT + '''
+    def forward(self, x, memory):
         if self.norm_first:
-            x = x + self.attn(self.norm1(x))
-            return x + self.ff(self.norm1(x))  # Bug: norm1 again instead of norm2
-        x = self.norm1(x + self.attn(x))
-        return self.norm2(x + self.ff(x))
+            x = x + self.attend(self.norm1(x), self.norm1(x), "self", True)
+            x = x + self.attend(self.norm2(x), memory, "cross", False)
+            return x + self.ff(self.norm3(x))
+        x = self.norm1(x + self.attend(x, x, "self", True))
+        x = self.norm1(x + self.attend(x, memory, "cross", False))  # Bug: norm1 reused
+        return self.norm1(x + self.ff(x))
 '''
 
-ENCODER_NO_RELU = _ENCODER_HEAD + '''
-    def forward(self, x):
-        linear_ff = lambda t: self.ff2(self.ff1(t))  # Bug: no activation between the two layers
-        if self.norm_first:
-            x = x + self.attn(self.norm1(x))
-            return x + linear_ff(self.norm2(x))
-        x = self.norm1(x + self.attn(x))
-        return self.norm2(x + linear_ff(x))
+# --- correct answers in other styles: full marks ----------------------------------------------
+
+STYLE_ROPE_COMPLEX = '''
+def rotary_half_split(x, positions):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"odd width {d}: no pairs")
+    h = d // 2
+    z = x[..., :h] + 1j * x[..., h:]                       # pair (i, i + h) as one complex number
+    turned = z * np.exp(1j * np.multiply.outer(positions, 10000.0 ** (-np.arange(h) * 2.0 / d)))
+    return np.concatenate([turned.real, turned.imag], axis=-1)
 '''
 
-# --- correct answers in other styles: full marks ----------------------------------------
-
-STYLE_PE_WHERE_WITH_CHECK = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2 == 1:
-        raise ValueError("sinusoidal encodings need an even d_model")
-    column = np.arange(d_model)
-    angle = np.arange(n_positions)[:, None] / 10000.0 ** (2 * (column // 2) / d_model)
-    return np.where(column % 2 == 0, np.sin(angle), np.cos(angle))
-'''
-
-STYLE_PE_LOOPS = '''
-import math
-
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2:
-        raise ValueError(f"odd d_model {d_model}")
-    pe = np.empty((n_positions, d_model))
-    for p in range(n_positions):
-        for i in range(d_model // 2):
-            angle = p / math.pow(10000, 2 * i / d_model)
-            pe[p, 2 * i] = math.sin(angle)
-            pe[p, 2 * i + 1] = math.cos(angle)
-    return pe
-'''
-
-STYLE_PE_EXP_LOG = '''
-def sinusoidal_positional_encoding(n_positions, d_model):
-    if d_model % 2 != 0:
-        raise ValueError("d_model must be even")
-    div = np.exp(np.arange(0, d_model, 2) * (-np.log(10000.0) / d_model))
-    pos = np.arange(n_positions).reshape(-1, 1)
-    return np.dstack([np.sin(pos * div), np.cos(pos * div)]).reshape(n_positions, d_model)
-'''
-
-STYLE_MASK_COMPARISON = '''
-def causal_mask(n):
-    idx = np.arange(n)
-    return idx[None, :] <= idx[:, None]
-'''
-
-STYLE_MASK_NOT_TRIU = '''
-def causal_mask(n):
-    return ~np.triu(np.ones((n, n), dtype=bool), k=1)
-'''
-
-STYLE_CROSS_EINSUM = '''
-def cross_attention(x_dec, memory, w_q, w_k, w_v):
-    q = np.einsum("nd,dk->nk", x_dec, w_q)
-    k = np.einsum("md,dk->mk", memory, w_k)
-    s = np.einsum("nk,mk->nm", q, k) / np.sqrt(w_q.shape[1])
-    return np.einsum("nm,mv->nv", softmax(s), memory @ w_v)
-'''
-
-STYLE_STEP_CONCATENATE = '''
-def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v):
-    k_all = np.concatenate([cache_k, (x_t @ w_k).reshape(1, -1)], axis=0)
-    v_all = np.concatenate([cache_v, (x_t @ w_v).reshape(1, -1)], axis=0)
-    q = (x_t @ w_q).reshape(1, -1)
-    a = softmax(q @ k_all.T / np.sqrt(q.shape[1]))
-    return (a @ v_all)[0], k_all, v_all
-'''
-
-STYLE_DECODE_PREALLOCATED = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v):
-    n = x.shape[0]
-    out = np.empty((n, w_v.shape[1]))
-    k_cache, v_cache = np.empty((0, w_k.shape[1])), np.empty((0, w_v.shape[1]))
-    for t in range(n):
-        out[t], k_cache, v_cache = decode_step(x[t], k_cache, v_cache, w_q, w_k, w_v)
+STYLE_PADDED_LOOP = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    batch, n, d_k = q.shape
+    out = np.zeros((batch, n, v.shape[-1]))
+    for b, length in enumerate(lengths):
+        start = n - int(length)
+        for i in range(start, n):
+            s = k[b, start:i + 1] @ q[b, i] / np.sqrt(d_k)
+            out[b, i] = softmax(s) @ v[b, start:i + 1]
     return out
 '''
 
-STYLE_ENTROPY_NANSUM = '''
-def attention_entropy(weights):
-    return -np.nansum(weights * np.log(weights), axis=-1)  # 0 * log 0 = nan, skipped (numpy warns)
+STYLE_STEP_REPEAT = '''
+def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
+    d = w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    new_k = np.append(cache_k, (x_t @ w_k).reshape(g, 1, d), axis=1)
+    new_v = np.append(cache_v, (x_t @ w_v).reshape(g, 1, d), axis=1)
+    k_all, v_all = np.repeat(new_k, n_heads // g, axis=0), np.repeat(new_v, n_heads // g, axis=0)
+    q = (x_t @ w_q).reshape(n_heads, d)
+    a = softmax(np.einsum("hd,htd->ht", q, k_all) / d ** 0.5)
+    return np.einsum("ht,htd->hd", a, v_all).ravel(), new_k, new_v
 '''
 
-STYLE_ENTROPY_LOG_WHERE = '''
-def attention_entropy(weights):
-    logs = np.log(weights, out=np.zeros_like(weights), where=weights > 0)
-    return -(weights * logs).sum(-1)
+STYLE_DECODE_PREALLOCATED = '''
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
+    d = w_q.shape[1] // n_heads
+    out = np.empty((len(x), w_q.shape[1]))
+    k_cache = v_cache = np.empty((w_k.shape[1] // d, 0, d))
+    for t in range(len(x)):
+        out[t], k_cache, v_cache = decode_step(x[t], k_cache, v_cache, w_q, w_k, w_v, n_heads)
+    return out
 '''
 
-STYLE_ENTROPY_TORCH_XLOGY = '''
-def attention_entropy(weights):
-    t = torch.as_tensor(weights)
-    return -torch.special.xlogy(t, t).sum(dim=-1).numpy()
+STYLE_SLOPE_FROM_LOG_P = '''
+def entropy_temperature_slope(scores, tau):
+    # dH/dtau = -sum (log p + 1) dp/dtau with dp/dtau = -p (s - mean) / tau^2
+    keep = np.isfinite(scores)
+    z = np.where(keep, scores / tau, -np.inf)
+    z = z - z.max(axis=-1, keepdims=True)
+    log_p = np.where(keep, z - np.log(np.exp(z).sum(axis=-1, keepdims=True)), 0.0)
+    p = np.where(keep, np.exp(log_p), 0.0)
+    s = np.where(keep, scores, 0.0)
+    dp = -p * (s - (p * s).sum(axis=-1, keepdims=True)) / tau ** 2
+    return -((log_p + 1.0) * dp).sum(axis=-1)
 '''
 
-STYLE_ADDITIVE_LOOP = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    qh, kh = q @ w_q, k @ w_k
-    n_k = k.shape[-2]
-    scores = np.stack([np.tanh(qh + kh[..., j:j + 1, :]) @ w_score for j in range(n_k)], axis=-1)
-    weights = softmax(scores)
+STYLE_ADDITIVE_CONCATENATED_PAIRS = '''
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    qs = np.broadcast_to(q[..., :, None, :], (*lead, n_q, n_k, q.shape[-1]))
+    ks = np.broadcast_to(k[..., None, :, :], (*lead, n_q, n_k, k.shape[-1]))
+    pairs = np.concatenate([qs, ks], axis=-1)               # every [q_i, k_j], written out
+    weights = softmax(np.tanh(pairs @ w_cat) @ w_score)
     return weights @ v, weights
 '''
 
-STYLE_ADDITIVE_EINSUM = '''
-def additive_attention(q, k, v, w_q, w_k, w_score):
-    hidden = np.tanh(np.einsum("...qd,dh->...qh", q, w_q)[..., :, None, :]
-                     + np.einsum("...kd,dh->...kh", k, w_k)[..., None, :, :])
-    scores = np.einsum("...qkh,h->...qk", hidden, w_score)
-    weights = softmax(scores)
-    return np.einsum("...qk,...kv->...qv", weights, v), weights
-'''
-
-STYLE_ENCODER_SDPA = _ENCODER_INIT + '''
-    def _sa(self, x):
-        b, n, d = x.shape
-        q, k, v = (w(x).unflatten(-1, (self.num_heads, -1)).transpose(1, 2) for w in (self.w_q, self.w_k, self.w_v))
-        out = F.scaled_dot_product_attention(q, k, v)
-        return self.w_o(out.transpose(1, 2).flatten(2))
-
-    def forward(self, x):
-        ff = lambda t: self.ff2(F.relu(self.ff1(t)))
-        if not self.norm_first:
-            h = self.norm1(x + self._sa(x))
-            return self.norm2(h + ff(h))
-        h = x + self._sa(self.norm1(x))
-        return h + ff(self.norm2(h))
+STYLE_DECODER_MANUAL = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        steps = [(self.norm1, lambda t: self.attend(t, t, "self", True)),
+                 (self.norm2, lambda t: self.attend(t, memory, "cross", False)),
+                 (self.norm3, self.ff)]
+        for norm, f in steps:
+            x = x + f(norm(x)) if self.norm_first else norm(x + f(x))
+        return x
 '''
 
 CORRECT = {
-    "pe_where_with_check": {"sinusoidal_positional_encoding": STYLE_PE_WHERE_WITH_CHECK},
-    "pe_python_loops": {"sinusoidal_positional_encoding": STYLE_PE_LOOPS,
-                        "causal_mask": STYLE_MASK_COMPARISON},
-    "pe_exp_log_dstack": {"sinusoidal_positional_encoding": STYLE_PE_EXP_LOG,
-                          "causal_mask": STYLE_MASK_NOT_TRIU},
-    "cross_einsum_step_concatenate": {"cross_attention": STYLE_CROSS_EINSUM, "decode_step": STYLE_STEP_CONCATENATE,
-                                      "decode_with_kv_cache": STYLE_DECODE_PREALLOCATED},
-    "entropy_nansum_warns": {"attention_entropy": STYLE_ENTROPY_NANSUM},
-    "entropy_log_where_additive_loop": {"attention_entropy": STYLE_ENTROPY_LOG_WHERE,
-                                        "additive_attention": STYLE_ADDITIVE_LOOP},
-    "entropy_torch_additive_einsum": {"attention_entropy": STYLE_ENTROPY_TORCH_XLOGY,
-                                      "additive_attention": STYLE_ADDITIVE_EINSUM},
-    "encoder_with_torch_sdpa": {"EncoderLayer": STYLE_ENCODER_SDPA},
+    "rope_complex_padded_loop": {"rotary_half_split": STYLE_ROPE_COMPLEX,
+                                 "left_padded_causal_attention": STYLE_PADDED_LOOP},
+    "step_repeat_decode_preallocated": {"decode_step": STYLE_STEP_REPEAT,
+                                        "decode_with_kv_cache": STYLE_DECODE_PREALLOCATED},
+    "slope_from_log_p_additive_pairs": {"entropy_temperature_slope": STYLE_SLOPE_FROM_LOG_P,
+                                        "concat_additive_attention": STYLE_ADDITIVE_CONCATENATED_PAIRS},
+    "decoder_with_torch_sdpa": {"DecoderLayer": STYLE_DECODER_MANUAL},
 }
 
-PE_CELLS = {"test_sinusoidal_positional_encoding", "test_pe_hidden_values"}
-MASK_CELLS = {"test_causal_mask", "test_causal_mask_hidden"}
-CROSS_CELLS = {"test_cross_attention", "test_cross_attention_shapes", "test_cross_attention_extreme"}
+ROPE_CELLS = {"test_rotary_half_split", "test_rope_values", "test_rope_rotation"}
+PADDED_CELLS = {"test_left_padded_causal_attention", "test_left_padded_values", "test_left_padded_empty_rows"}
 STEP_CELLS = {"test_decode_step", "test_decode_step_hidden"}
 DECODE_CELLS = {"test_decode_with_kv_cache", "test_decode_with_kv_cache_hidden"}
-ENTROPY_CELLS = {"test_attention_entropy", "test_entropy_batched", "test_entropy_limits"}
-ADDITIVE_CELLS = {"test_additive_attention", "test_additive_batched", "test_additive_extreme"}
-ENCODER_CELLS = {"test_encoder_layer", "test_encoder_post_norm", "test_encoder_pre_norm"}
+SLOPE_CELLS = {"test_entropy_temperature_slope", "test_slope_values", "test_slope_limits"}
+ADDITIVE_CELLS = {"test_concat_additive_attention", "test_additive_batched", "test_additive_extreme"}
+DECODER_CELLS = {"test_decoder_layer", "test_decoder_post_norm", "test_decoder_pre_norm"}
 
 BUGGY = {
-    "pe_sin_cos_swapped": ({"sinusoidal_positional_encoding": PE_SIN_COS_SWAPPED}, PE_CELLS),
-    "pe_exponent_doubled": ({"sinusoidal_positional_encoding": PE_EXPONENT_DOUBLED}, PE_CELLS),
-    "pe_exponent_halved": ({"sinusoidal_positional_encoding": PE_EXPONENT_HALVED}, PE_CELLS),
-    "pe_float32": ({"sinusoidal_positional_encoding": PE_FLOAT32}, PE_CELLS),
-    "pe_no_error_on_odd_width": ({"sinusoidal_positional_encoding": PE_WHERE_NO_CHECK}, {"test_pe_odd_width"}),
-    "mask_strict_j_less_than_i": ({"causal_mask": MASK_STRICT}, MASK_CELLS),
-    "mask_upper_triangle": ({"causal_mask": MASK_UPPER}, MASK_CELLS),
-    "mask_floats": ({"causal_mask": MASK_FLOATS}, MASK_CELLS),
-    "cross_keys_from_decoder": ({"cross_attention": CROSS_KEYS_FROM_DECODER}, CROSS_CELLS),
-    # Huge scores give one-hot weights whatever the scale, so the extreme cell cannot tell.
-    "cross_scales_by_d_v": ({"cross_attention": CROSS_SCALE_BY_D_V}, CROSS_CELLS - {"test_cross_attention_extreme"}),
-    "cross_unstable_softmax": ({"cross_attention": CROSS_UNSTABLE}, {"test_cross_attention_extreme"}),
+    # A rotation all the same: lengths and offsets are kept, only the values differ.
+    "rope_interleaved_pairs": ({"rotary_half_split": ROPE_INTERLEAVED}, ROPE_CELLS - {"test_rope_rotation"}),
+    "rope_not_a_rotation": ({"rotary_half_split": ROPE_NOT_A_ROTATION}, ROPE_CELLS),
+    "rope_exponent_halved": ({"rotary_half_split": ROPE_EXPONENT_HALVED}, ROPE_CELLS - {"test_rope_rotation"}),
+    "rope_no_error_on_odd_width": ({"rotary_half_split": ROPE_NO_ODD_CHECK}, {"test_rope_rotation"}),
+    "padded_on_the_right": ({"left_padded_causal_attention": PADDED_ON_THE_RIGHT}, PADDED_CELLS),
+    "padded_nan_on_empty_rows": ({"left_padded_causal_attention": PADDED_NAN_ROWS},
+                                 PADDED_CELLS - {"test_left_padded_values"}),
+    "padded_loses_diagonal": ({"left_padded_causal_attention": PADDED_LOSES_DIAGONAL},
+                              PADDED_CELLS - {"test_left_padded_empty_rows"}),
+    "padded_mask_after_softmax": ({"left_padded_causal_attention": PADDED_MASK_AFTER_SOFTMAX},
+                                  PADDED_CELLS - {"test_left_padded_empty_rows"}),
     # decode_with_kv_cache calls decode_step, so a broken step costs both.
-    "step_query_misses_itself": ({"decode_step": STEP_QUERY_MISSES_ITSELF}, STEP_CELLS | DECODE_CELLS),
+    "step_interleaved_groups": ({"decode_step": STEP_INTERLEAVED_GROUPS}, STEP_CELLS | DECODE_CELLS),
     # Attention ignores key order, so the outputs stay right; the cache does not.
     "step_prepends_to_cache": ({"decode_step": STEP_PREPENDS}, STEP_CELLS),
-    "decode_wrong_positions": ({"decode_with_kv_cache": DECODE_WRONG_POSITIONS}, DECODE_CELLS),
     "decode_recomputes_without_cache": ({"decode_with_kv_cache": DECODE_RECOMPUTES},
                                         {"test_decode_with_kv_cache_hidden"}),
-    "entropy_nan_on_zero_weights": ({"attention_entropy": ENTROPY_NAN_ON_ZERO},
-                                    {"test_attention_entropy", "test_entropy_limits"}),
-    "entropy_in_bits": ({"attention_entropy": ENTROPY_LOG2}, ENTROPY_CELLS),
-    "entropy_first_axis": ({"attention_entropy": ENTROPY_FIRST_AXIS}, ENTROPY_CELLS),
-    "entropy_keepdims": ({"attention_entropy": ENTROPY_KEEPDIMS}, ENTROPY_CELLS),
-    "additive_tanh_outside": ({"additive_attention": ADDITIVE_TANH_OUTSIDE}, ADDITIVE_CELLS),
-    "additive_softmax_over_queries": ({"additive_attention": ADDITIVE_OVER_QUERIES}, ADDITIVE_CELLS),
-    "additive_2d_only": ({"additive_attention": ADDITIVE_2D_ONLY}, {"test_additive_batched"}),
-    "additive_unstable_softmax": ({"additive_attention": ADDITIVE_UNSTABLE}, {"test_additive_extreme"}),
-    "encoder_norm_before_residual": ({"EncoderLayer": ENCODER_NORM_BEFORE_RESIDUAL},
-                                     {"test_encoder_layer", "test_encoder_post_norm"}),
-    "encoder_ignores_norm_first": ({"EncoderLayer": ENCODER_IGNORES_NORM_FIRST}, {"test_encoder_pre_norm"}),
-    "encoder_scales_by_d_model": ({"EncoderLayer": ENCODER_SCALES_BY_D_MODEL}, ENCODER_CELLS),
-    "encoder_pre_norm_reuses_norm1": ({"EncoderLayer": ENCODER_PRE_NORM_REUSES_NORM1}, {"test_encoder_pre_norm"}),
-    "encoder_no_relu": ({"EncoderLayer": ENCODER_NO_RELU}, ENCODER_CELLS),
+    "slope_wrong_power_of_tau": ({"entropy_temperature_slope": SLOPE_WRONG_POWER}, SLOPE_CELLS),
+    "slope_nan_on_masked_keys": ({"entropy_temperature_slope": SLOPE_NAN_ON_MASKED},
+                                 {"test_entropy_temperature_slope", "test_slope_limits"}),
+    "slope_unweighted_variance": ({"entropy_temperature_slope": SLOPE_UNWEIGHTED_VARIANCE}, SLOPE_CELLS),
+    "slope_raw_moments": ({"entropy_temperature_slope": SLOPE_RAW_MOMENTS}, {"test_slope_limits"}),
+    # The extreme cell has d_q == d_k, where splitting after d_k rows happens to be right.
+    "additive_split_at_d_k": ({"concat_additive_attention": ADDITIVE_SPLIT_AT_D_K},
+                              ADDITIVE_CELLS - {"test_additive_extreme"}),
+    "additive_key_rows_first": ({"concat_additive_attention": ADDITIVE_KEY_FIRST}, ADDITIVE_CELLS),
+    "additive_2d_only": ({"concat_additive_attention": ADDITIVE_2D_ONLY}, {"test_additive_batched"}),
+    "additive_unstable_softmax": ({"concat_additive_attention": ADDITIVE_UNSTABLE}, {"test_additive_extreme"}),
+    "decoder_self_attention_not_causal": ({"DecoderLayer": DECODER_NOT_CAUSAL}, DECODER_CELLS),
+    "decoder_cross_keys_from_target": ({"DecoderLayer": DECODER_CROSS_KEYS_FROM_X}, DECODER_CELLS),
+    "decoder_ignores_norm_first": ({"DecoderLayer": DECODER_IGNORES_NORM_FIRST}, {"test_decoder_pre_norm"}),
+    # The visible test keeps PyTorch's initial LayerNorms (all alike), so only the hidden cell can tell.
+    "decoder_post_norm_one_norm": ({"DecoderLayer": DECODER_POST_NORM_ONE_NORM}, {"test_decoder_post_norm"}),
 }
