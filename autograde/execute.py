@@ -101,12 +101,12 @@ def _failure_lines(exc):
 
 
 class NotebookRun:
-    def __init__(self, notebook, *, slot=0, cell_timeout=120, notebook_timeout=1800, limits=None):
+    def __init__(self, notebook, *, cell_timeout=120, notebook_timeout=1800, limits=None):
         self.nb = nbformat.from_dict(notebook)
         self.cell_timeout = cell_timeout
         self.deadline = time.monotonic() + notebook_timeout
         self.notebook_timeout = notebook_timeout
-        self.sandbox = Sandbox(limits, slot)
+        self.sandbox = Sandbox(limits)
         self.ns = {"__name__": "__main__"}
         self.ran = []  # sources of student/setup cells that ran, replayed after a restart
         self.dead = None  # why nothing more can run

@@ -48,7 +48,7 @@ from autograde.record import (
 from autograde.sandbox import Limits, namespaces_available
 from autograde.submissions import find_submissions
 from autograde.tripwire import Flag, release_sources, scan_notebook, write_report
-from autograde.worker import Job, Outcome, grade_student, set_slot
+from autograde.worker import Job, Outcome, grade_student
 from autograde.zip_input import unpack_zip
 
 NOTEBOOK_TIMEOUT_S = 1800
@@ -271,8 +271,7 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     # Workers start as fresh interpreters: forking a process that has threads
     # (PyTorch's, a test runner's) can leave a lock held forever in the child.
     context = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=min(workers, len(subs)), mp_context=context,
-                             initializer=set_slot, initargs=(context.Value("i", 0),)) as pool:
+    with ProcessPoolExecutor(max_workers=min(workers, len(subs)), mp_context=context) as pool:
         futures = {pool.submit(grade_student, job): job.student for job in jobs.values()}
         for future in as_completed(futures):
             try:

@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from student_runtime import wire
+from student_runtime.processes import count_processes
 
 STARTUP_TIMEOUT_S = 120
 WATCH_INTERVAL_S = 0.25
@@ -52,8 +53,8 @@ LOCK_DIR = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
 STUDENT_PACKAGES = ("student_runtime", "coursekit", "bookutils")  # importable in the sandbox, nothing else of the course
 TMP_BYTES = 512 * 2**20  # the disk (memory-backed) all of a worker's student files may fill
 VENV_VIEW = "/opt/course-python"  # where the sandbox sees the grader's virtual environment
-MAX_CALLBACK_BYTES = 64 * 2**20
-GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process may bring into the grader  # what a student may hand to a grader-side function in one call
+MAX_CALLBACK_BYTES = 64 * 2**20  # what a student may hand to a grader-side function in one call
+GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process may bring into the grader
 
 
 class SandboxLost(Exception):
@@ -74,32 +75,12 @@ class Limits:
     isolate: bool = True  # namespaces (bwrap); False: process limits only, by the instructor's explicit choice
 
 
-def _count_processes(uid=None, session=None, zombies=False):
-    """Processes of a user (uid) or in a session (its leader's pid), from /proc."""
-    count = 0
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit():
-            continue
-        try:
-            with open(f"/proc/{entry}/stat") as fh:
-                state, _, pgrp = fh.read().rpartition(")")[2].split()[:3]
-            if state in "ZX" and not zombies:
-                continue
-            if uid is not None:
-                count += os.stat(f"/proc/{entry}").st_uid == uid
-            else:
-                count += int(pgrp) == session
-        except (OSError, ValueError):
-            pass
-    return count
-
-
 def _process_limit(limits, uid):
     """RLIMIT_NPROC counts every process of the user, so as the grader's own
     user leave room for the processes it already has."""
     if uid is not None:
         return limits.processes
-    return limits.processes + _count_processes(uid=os.getuid(), zombies=True)  # zombies count for the kernel too
+    return limits.processes + count_processes(uid=os.getuid(), zombies=True)  # zombies count for the kernel too
 
 
 def _ns_pids(pid):
@@ -453,7 +434,7 @@ def _student_uid():
             except OSError:
                 handle.close()
                 continue
-            if _count_processes(uid=uid, zombies=True) == 0:  # not left running by a killed run
+            if count_processes(uid=uid, zombies=True) == 0:  # not left running by a killed run
                 _UID_LOCK = (uid, handle)
                 break
             handle.close()
@@ -465,7 +446,7 @@ def _student_uid():
 class Sandbox:
     """One student process at a time; `restart()` replaces it after a crash."""
 
-    def __init__(self, limits=None, slot=0):
+    def __init__(self, limits=None):
         global ISOLATE
         self.limits = limits or Limits()
         ISOLATE = self.limits.isolate  # one setting per grading run, so per worker process
@@ -505,8 +486,8 @@ class Sandbox:
         """How many live processes the student's code has: those of its own
         user (as root), or those in its session. Zombies do not count."""
         if self.uid is not None:
-            return _count_processes(uid=self.uid)
-        return _count_processes(session=self.host) if self.host is not None else 0
+            return count_processes(uid=self.uid)
+        return count_processes(session=self.host) if self.host is not None else 0
 
     def _watch(self):
         if self.pid is not None and self._processes() > MAX_PROCESSES:

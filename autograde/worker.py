@@ -12,17 +12,6 @@ from autograde.execute import execute_notebook, submitted_passes
 from autograde.sandbox import EnvironmentFailure, Limits
 from autograde.structure import normalize_file
 
-_SLOT = 0  # this worker's number, for a user id of its own when run as root
-
-
-def set_slot(counter):
-    """Pool initializer: take the next worker number."""
-    global _SLOT
-    with counter.get_lock():
-        _SLOT = counter.value
-        counter.value += 1
-
-
 @dataclass
 class Job:
     student: str
@@ -59,7 +48,7 @@ def _grade_notebook(job, name, outcome):
     changed = [a.detail for a in normalized.anomalies if a.suspicious]
     if changed:
         outcome.problems.append(f"{name}: " + "; ".join(changed))
-    run = execute_notebook(normalized.notebook, slot=_SLOT, cell_timeout=job.cell_timeout,
+    run = execute_notebook(normalized.notebook, cell_timeout=job.cell_timeout,
                            notebook_timeout=job.notebook_timeout, limits=job.limits)
     stem = Path(name).stem
     for gid, (score, points) in run.scores.items():

@@ -272,6 +272,8 @@ def _sweep(request):
     import shutil
     import time
 
+    from student_runtime.processes import count_processes
+
     with contextlib.suppress(OSError):
         os.killpg(request["pid"], signal.SIGKILL)
     uid = request.get("uid", -1)
@@ -287,7 +289,7 @@ def _sweep(request):
                 finally:
                     os._exit(0)
             os.waitpid(pid, 0)
-            if not _has_processes(uid):
+            if count_processes(uid=uid) == 0:
                 break
             time.sleep(0.05)
     shutil.rmtree(request["home"], ignore_errors=True)
@@ -318,17 +320,6 @@ def _sightings(fd):
             if isinstance(event, dict):
                 events.append({k: str(event.get(k, ""))[:300] for k in ("what", "detail", "cell")})
     return events
-
-
-def _has_processes(uid):
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            with contextlib.suppress(OSError):
-                if os.stat(f"/proc/{entry}").st_uid == uid:
-                    with open(f"/proc/{entry}/stat") as fh:
-                        if fh.read().rpartition(")")[2].split()[0] not in "ZX":
-                            return True
-    return False
 
 
 def _readable():
