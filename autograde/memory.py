@@ -22,13 +22,35 @@ def _status(pid, field):
 
 
 def _reset_peak(pid):
-    """Start the process's peak resident set (VmHWM) again from its current size."""
+    """Start the process's peak resident set (VmHWM) again from its current
+    size, and clear the accessed bits of its pages, so that both count from here."""
     try:
         with open(f"/proc/{pid}/clear_refs", "w") as fh:
             fh.write("5")
+        with open(f"/proc/{pid}/clear_refs", "w") as fh:
+            fh.write("1")
         return True
     except OSError:
         return False
+
+
+def _touched_writable(pid):
+    """Bytes of the process's writable memory read or written since the
+    accessed bits were cleared. A buffer allocated and touched before the
+    measured call adds nothing to the resident set during it, but using it
+    during the call sets its pages' accessed bits."""
+    total, writable = 0, False
+    try:
+        with open(f"/proc/{pid}/smaps") as fh:
+            for line in fh:
+                head = line.split(None, 2)
+                if "-" in head[0] and not head[0].endswith(":"):  # a mapping's header: range perms ...
+                    writable = len(head) > 1 and "w" in head[1]
+                elif writable and head[0] == "Referenced:":
+                    total += int(head[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return total
 
 
 def traced_peak(fn, *args, **kwargs):
@@ -36,7 +58,8 @@ def traced_peak(fn, *args, **kwargs):
     the student's process when a student object is among the arguments.
 
     There, the process's peak resident set is also read from /proc by this
-    process. When it grew by more than the in-process measurement explains,
+    process, with the writable memory the call read or wrote. When either is
+    more than the in-process measurement explains,
     the larger figure is the answer and the disagreement is reported: patching
     tracemalloc or the tracker, or computing in a buffer they do not see,
     cannot hide memory that the process really touched."""
@@ -50,12 +73,13 @@ def traced_peak(fn, *args, **kwargs):
     before = _status(pid, "VmRSS") if pid and _reset_peak(pid) else None
     result, inside = in_student_process(_traced_peak_here, fn, *args, **kwargs)
     peak = _status(pid, "VmHWM") if before is not None else None
+    touched = _touched_writable(pid) if before is not None else None
     if peak is None or not isinstance(inside, int):
         return result, inside
-    outside = max(peak - before, 0)
+    outside = max(peak - before, touched or 0)
     if outside > 2 * inside + OUTSIDE_SLACK_BYTES:
         sandbox.sightings.append({"what": "memory measurements disagree", "cell": "",
-                                  "detail": f"the process's resident memory grew by {outside // 2**20} MiB during "
+                                  "detail": f"the process grew by or touched {outside // 2**20} MiB of memory during "
                                             f"a measured call; inside it {inside // 2**20} MiB were seen"})
         return result, outside
     return result, inside

@@ -75,10 +75,38 @@ def _grade_notebook(job, name, outcome):
     outcome.staged.append(name)
 
 
+_BOUNDED = False
+
+
+def bound_memory(extra_bytes):
+    """Let this worker's heap grow by at most extra_bytes from now on. The
+    grader's own side runs code on a student's behalf (callbacks, checks on
+    what the student returned); past the bound a MemoryError fails that
+    student's call or test, instead of the machine running out of memory."""
+    import resource
+
+    global _BOUNDED
+    if _BOUNDED or not extra_bytes:
+        return
+    try:
+        with open("/proc/self/status") as fh:
+            data = next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        return
+    _, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    soft = data + extra_bytes
+    if hard != resource.RLIM_INFINITY:
+        soft = min(soft, hard)
+    resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+    _BOUNDED = True
+
+
 def grade_student(job):
     """Worker entry point: an Outcome, whatever the submission does."""
     import time
 
+    # As much room as a student's process gets (none where a GPU needs it unbounded).
+    bound_memory(job.limits.memory_bytes)
     started = time.monotonic()
     outcome = Outcome(student=job.student)
     for name in job.notebooks:

@@ -182,6 +182,62 @@ def test_memory_hidden_from_the_in_process_measurement_is_seen_from_outside():
     assert [s["what"] for s in sb.sightings] == ["memory measurements disagree"]
 
 
+PREPARED_BUFFER = """
+import numpy as np
+
+SCORES = np.zeros((4096, 4096))   # allocated and touched when the cell runs, before any measurement
+SCORES[:] = 1.0
+
+def prepared(q, k, v):
+    s = np.matmul(q, k.T, out=SCORES)  # no allocation: neither tracemalloc nor the resident set grows
+    s -= s.max(axis=1, keepdims=True)
+    np.exp(s, out=s)
+    s /= s.sum(axis=1, keepdims=True)
+    return s @ v
+"""
+
+
+def test_memory_prepared_before_the_measurement_is_seen_when_used():
+    """A score matrix allocated and touched by an earlier cell, then filled
+    in place during the measured call: the pages the call reads and writes are
+    counted from outside, so it costs what an n x n array costs."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+    from autograde.sandbox import student_function
+
+    n = 4096
+    q, k, v = (np.random.default_rng(i).normal(size=(n, 4)) for i in range(3))
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, PREPARED_BUFFER)
+        _, peak = traced_peak(student_function(sb, "prepared"), q, k, v)
+    assert peak > n * n * 8 * 0.9
+    assert [s["what"] for s in sb.sightings] == ["memory measurements disagree"]
+
+
+def test_a_full_collection_during_an_honest_call_is_not_mistaken_for_memory():
+    """The libraries' objects are frozen out of the collector in the template,
+    so a full garbage collection inside a measured call touches little."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+    from autograde.sandbox import student_function
+
+    source = """
+import gc
+import numpy as np
+
+def collects(q):
+    gc.collect()
+    return q.sum()
+"""
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, source)
+        _, peak = traced_peak(student_function(sb, "collects"), np.ones((64, 4)))
+    assert peak < 16 * 2**20
+    assert sb.sightings == []
+
+
 def _honest_class(root, students):
     from tests.notebooks import filled_submission, write_submission
 

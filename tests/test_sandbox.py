@@ -304,3 +304,29 @@ def test_a_callback_cannot_be_handed_more_than_its_limit(sandbox):
     seen = []
     answer = student_function(sandbox, "ask")(lambda x: seen.append(x.shape) or 0.0)
     assert "MiB" in answer and seen == []
+
+
+def test_a_grader_callback_that_runs_out_of_room_fails_only_that_call():
+    """A small input can make a grader-side function build something huge (an
+    n x n array from an n given by the student). With the worker's memory
+    bounded, that call fails with MemoryError and the worker goes on."""
+    import subprocess
+    import sys
+
+    script = """
+import numpy as np
+from autograde.sandbox import Limits, Sandbox, student_function
+from autograde.worker import bound_memory
+
+bound_memory(512 * 2**20)
+with Sandbox(Limits(call_timeout_s=60)) as sb:
+    sb.run_cell("def ask(f):\\n    try:\\n        f(12_000)\\n    except RuntimeError as exc:\\n        return str(exc)\\n"
+                "    return 'built'")
+    print(student_function(sb, "ask")(lambda n: float(np.ones((n, n)).sum())))
+    print(float(np.ones((1000, 1000)).sum()))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    answer, after = proc.stdout.strip().splitlines()[-2:]
+    assert "MemoryError" in answer
+    assert after == "1000000.0"

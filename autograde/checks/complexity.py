@@ -58,7 +58,7 @@ HUGE_SHAPES = [(12, 4, 64, 2, 4), (32, 8, 128, 2, 2), (1, 1, 3, 1, 1), (64, 1, 8
 def check_chunk_small(max_chunk_length):
     """Budgets exactly at, just below and just above every boundary for small c."""
     for shape in SMALL_SHAPES:
-        for c in range(1, 40):
+        for c in range(1, 41):
             exact = ref.chunk_bytes(c, *shape)
             for budget, expected in ((exact, c), (exact + 1, c), (ref.chunk_bytes(c + 1, *shape) - 1, c)):
                 _check_chunk(max_chunk_length, budget, shape, expected)
@@ -195,3 +195,25 @@ def check_causal_linear_memory(causal_linear_attention):
 
     _check_memory(causal_linear_attention, inputs, ref.causal_linear_attention,
                   "causal_linear_attention with 2 sequences, d_k=8, d_v=4, chunk=64")
+
+
+def check_causal_linear_chunked(causal_linear_attention):
+    """The chunk is used: the tokens of a chunk meet in a chunk x chunk causal
+    block, so the peak memory grows with the chunk. Token by token (the
+    chapter's recurrence, or running sums) or as one n x n matrix, it does not."""
+    rng = _rng(7)
+    n, small, large = 2048, 8, 1024
+    q, k, v = rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4))
+    peaks = {}
+    for chunk in (small, large):
+        what = f"causal_linear_attention for n={n} with chunk={chunk}"
+        found, peaks[chunk] = traced_peak(call, causal_linear_attention, q, k, v, chunk, what=what)
+        expect_close(found, ref.causal_linear_attention(q, k, v, chunk), what=what, hint=CAUSAL_HINT)
+    block = large * large * 8  # one float64 block of a chunk's size
+    if peaks[large] - peaks[small] < block // 4:
+        raise GradingFailure(
+            f"causal_linear_attention for n={n}: the peak memory was {peaks[small] / 2**20:.2f} MiB with "
+            f"chunk={small} and {peaks[large] / 2**20:.2f} MiB with chunk={large}, so no {large} x {large} causal "
+            f"block ({block / 2**20:.0f} MiB) was ever built. Process the tokens chunk by chunk as the exercise asks: "
+            "within a chunk through a causal block of the chunk's size, and through the carried state (S, z) for the "
+            "earlier chunks; not one token at a time, and not as one n x n matrix.")

@@ -11,13 +11,26 @@ from autograde.compare import (
     expect_sequence,
     expect_unchanged,
 )
+from autograde.memory import traced_peak
 from autograde.reference import principles as ref
+from autograde.sandbox import in_student_process
+from student_runtime import probes
 
 RNG_SEED = 20260
 
 
 def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
+
+
+def _numpy_only(fn, *args, what):
+    """fn(*args), which must not compute with PyTorch: its softmax or attention
+    would answer these exercises in one line."""
+    result, used = in_student_process(probes.torch_operators_used, fn, *args, what=what)
+    if used:
+        raise GradingFailure(f"{what} computed with PyTorch ({', '.join(used)}): this exercise asks for NumPy code "
+                             "that does the computation itself.")
+    return result
 
 
 # ---------------------------------------------------------------- softmax
@@ -38,6 +51,9 @@ def check_softmax_any_axis(softmax):
     found = call(softmax, x, what="softmax(x) with the default axis")
     expect_close(found, expected, what="softmax(x) with the default axis",
                  hint="The default must be the last axis (axis=-1).")
+    x = rng.normal(size=(2, 3, 4))
+    expected, what = ref.softmax(x, axis=1), "softmax(x, axis=1) for x of shape (2, 3, 4)"
+    expect_close(_numpy_only(softmax, x, 1, what=what), expected, what=what)
 
 
 def check_softmax_stable(softmax):
@@ -60,6 +76,9 @@ def check_softmax_stable(softmax):
             found = call(softmax, x.copy(), axis=axis, what=what)
             expect_close(found, expected, what=what,
                          hint="Subtract the maximum along the axis before exponentiating.")
+    x = np.array([[1e4, 0.0, -np.inf], [-1e4, -1e4 + 1, 5.0]])
+    expected, what = ref.softmax(x), "softmax(x) with entries of 1e4 and -inf"
+    expect_close(_numpy_only(softmax, x, -1, what=what), expected, what=what)
     # Shift invariance: softmax(x + c) == softmax(x) even for huge c.
     x = rng.normal(size=(2, 5))
     for c in (1e3, -1e3, 5e3):
@@ -109,6 +128,12 @@ def check_sdpa_batched_and_masked(scaled_dot_product_attention):
                      hint="Scale scores by 1/sqrt(d_k), give masked positions zero weight, "
                           "and normalise over the keys (last axis).")
         expect_close(out, ref_out, what=f"the output from {what}")
+    q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 2))
+    expected = ref.scaled_dot_product_attention(q, k, v)[0]
+    what = "scaled_dot_product_attention for a batch of 2 sequences"
+    result = _numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
+    expect_sequence(result, 2, what=what, names="(output, weights)")
+    expect_close(result[0], expected, what=f"the output from {what}")
 
 
 def check_sdpa_extreme_scores(scaled_dot_product_attention):
@@ -125,6 +150,12 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
         expect_close(result[1], ref_weights, what=f"the weights from {what}",
                      hint="Use a numerically stable softmax (subtract the row maximum).")
         expect_close(result[0], ref_out, what=f"the output from {what}")
+    q, k, v = rng.normal(scale=300.0, size=(3, 8)), rng.normal(scale=300.0, size=(5, 8)), rng.normal(size=(5, 2))
+    expected = ref.scaled_dot_product_attention(q, k, v)[0]
+    what = "scaled_dot_product_attention with query/key entries of size about 300, one sequence"
+    result = _numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
+    expect_sequence(result, 2, what=what, names="(output, weights)")
+    expect_close(result[0], expected, what=f"the output from {what}")
 
 
 # ------------------------------------------------------- multi-head attention
@@ -179,6 +210,20 @@ def check_softmax_jvp(softmax_jvp):
     what = "softmax_jvp(x, u) with the default axis"
     expect_close(call_unchanged(softmax_jvp, x, u, what=what), ref.softmax_jvp(x, u, axis=-1), what=what,
                  hint="The default must be the last axis (axis=-1).")
+    x, u = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
+    expected, what = ref.softmax_jvp(x, u), "softmax_jvp(x, u) for x of shape (2, 6)"
+    expect_close(_numpy_only(softmax_jvp, x, u, what=what), expected, what=what)
+    # Ju needs O(n) memory per slice; J itself is n x n: 32 MiB for one slice of 2048.
+    n = 2048
+    x, u = rng.normal(size=(4, n)), rng.normal(size=(4, n))
+    expected, what = ref.softmax_jvp(x, u), f"softmax_jvp(x, u) for x of shape {x.shape}"
+    found, peak = traced_peak(call, softmax_jvp, x, u, what=what)
+    expect_close(found, expected, what=what)
+    if peak >= n * n * 8 // 4:
+        raise GradingFailure(
+            f"{what}: the peak memory was {peak / 2**20:.1f} MiB, while one {n} x {n} Jacobian takes "
+            f"{n * n * 8 / 2**20:.0f} MiB and the product needs only a few arrays of the input's size "
+            f"({x.nbytes / 2**20:.2f} MiB). Work Ju out on paper so that J is never formed.")
 
 
 # -------------------------------------------- a property check that finds bugs

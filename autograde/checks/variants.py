@@ -159,29 +159,53 @@ def check_decode_step(decode_step):
                     f"a cache of 5 stored rows ({label})")
 
 
+def _same_rows(found, expected):
+    """Each head's cache holds the expected rows, in any order (the order is
+    decode_step's business, graded on its own)."""
+    if found.shape != expected.shape:
+        return False
+
+    def ordered(cache):
+        return np.stack([head[np.lexsort(head.T[::-1])] for head in cache]) if cache.size else cache
+
+    return np.allclose(ordered(found), ordered(expected))
+
+
 def check_decode_with_kv_cache(decode_with_kv_cache):
     """Equal to causal grouped-query attention computed at once, and built from one
-    decode_step call per token, each given one token and the caches so far."""
+    decode_step call per token: call t is given token t and the keys and values of
+    tokens 0..t-1, and row t of the result is what that call returned."""
     rng = _rng(6)
     for n, (d_model, n_heads, n_kv, d_head) in zip([1, 2, 7, 12, 16], GQA_CONFIGS):
         x = rng.normal(size=(n, d_model))
         weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
         what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
         expected = ref.causal_gqa_attention(x, *weights, n_heads)
+        keys, values = ((x @ w).reshape(n, n_kv, d_head).transpose(1, 0, 2) for w in weights[1:])
         before = [x.copy(), *(w.copy() for w in weights)]
         found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, n_heads,
                                           what=what)
         for b, a in zip(before, (x, *weights)):
             expect_unchanged(b, a, what=what)
-        calls = [tuple(tuple(shape) for shape in c) for c in calls]
         expect_close(found, expected, what=what,
                      hint="Token t's output attends to the keys of tokens 0..t, itself included.")
-        expected_calls = [((d_model,), (n_kv, t, d_head), (n_kv, t, d_head)) for t in range(n)]
-        if calls != expected_calls:
+        shapes = [tuple(np.shape(a) for a in c[:3]) for c in calls]
+        expected_shapes = [((d_model,), (n_kv, t, d_head), (n_kv, t, d_head)) for t in range(n)]
+        if shapes != expected_shapes:
             raise GradingFailure(
                 f"{what} should call decode_step once per token, in order, with one token of shape "
                 f"({d_model},) and the caches so far, of shape ({n_kv}, t, {d_head}) for t = 0, 1, 2, ...; "
-                f"it made {len(calls)} calls" + (f", the first with shapes {calls[0]}." if calls else "."))
+                f"it made {len(calls)} calls" + (f", the first with shapes {shapes[0]}." if calls else "."))
+        for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls):
+            if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
+                    and _same_rows(cache_v, values[:, :t])):
+                raise GradingFailure(
+                    f"{what}: call {t} of decode_step was not given token {t} and the keys and values of tokens "
+                    f"0..{t - 1}, as the caches returned by the earlier calls hold them.")
+            if output_t.shape != found[t].shape or not np.allclose(output_t, found[t]):
+                raise GradingFailure(
+                    f"{what}: row {t} of the result is not the output that decode_step returned for token {t}; "
+                    "the result must be built from the decoding steps.")
 
 
 # ------------------------------------------- entropy against temperature

@@ -332,7 +332,8 @@ def dilated_local_attention(q, k, v, radius, dilation):
     return torch.stack(rows).numpy()
 '''
 
-STYLE_CAUSAL_RECURRENT_EINSUM = '''
+# Right numbers and linear memory, but not in chunks: the exercise's algorithm is missing.
+CAUSAL_RECURRENT_EINSUM = '''
 def causal_linear_attention(q, k, v, chunk):
     fq = np.where(q > 0, q + 1, np.exp(np.minimum(q, 0)))
     fk = np.where(k > 0, k + 1, np.exp(np.minimum(k, 0)))
@@ -346,7 +347,7 @@ def causal_linear_attention(q, k, v, chunk):
     return out
 '''
 
-STYLE_CAUSAL_CUMSUM = '''
+CAUSAL_CUMSUM = '''
 def causal_linear_attention(q, k, v, chunk):
     fq, fk = (np.where(a > 0, a + 1.0, np.exp(np.minimum(a, 0.0))) for a in (q, k))
     S = np.cumsum(fk[..., :, :, None] * v[..., :, None, :], axis=-3)  # (..., n, d_k, d_v): linear in n
@@ -373,10 +374,8 @@ CORRECT = {
                                                "max_chunk_length": STYLE_CHUNK_BINARY_SEARCH,
                                                "receptive_field": STYLE_RECEPTIVE_SIMULATED},
     "chunk_float_guess_then_fix": {"max_chunk_length": STYLE_CHUNK_FLOAT_THEN_FIX},
-    "dilated_residue_classes_causal_recurrent": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES,
-                                                 "causal_linear_attention": STYLE_CAUSAL_RECURRENT_EINSUM},
-    "dilated_torch_causal_cumsum": {"dilated_local_attention": STYLE_DILATED_TORCH,
-                                    "causal_linear_attention": STYLE_CAUSAL_CUMSUM},
+    "dilated_residue_classes": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES},
+    "dilated_torch": {"dilated_local_attention": STYLE_DILATED_TORCH},
     "causal_torch_chunks": {"causal_linear_attention": STYLE_CAUSAL_TORCH_CHUNKS},
 }
 
@@ -384,7 +383,8 @@ TRAINING_CELLS = {"test_training_flops", "test_training_flops_hidden"}
 CHUNK_CELLS = {"test_max_chunk_length", "test_chunk_small", "test_chunk_huge", "test_chunk_too_small"}
 RECEPTIVE_CELLS = {"test_receptive_field", "test_receptive_field_hidden"}
 DILATED_CELLS = {"test_dilated_local_attention", "test_dilated_output", "test_dilated_extreme", "test_dilated_memory"}
-CAUSAL_CELLS = {"test_causal_linear_attention", "test_causal_output", "test_causal_extreme", "test_causal_memory"}
+CAUSAL_CELLS = {"test_causal_linear_attention", "test_causal_output", "test_causal_extreme", "test_causal_memory",
+                "test_causal_chunked"}
 
 BUGGY = {
     "training_forward_only": ({"training_flops": TRAINING_FORWARD_ONLY}, TRAINING_CELLS),
@@ -417,8 +417,10 @@ BUGGY = {
     "causal_state_updated_first": ({"causal_linear_attention": CAUSAL_STATE_UPDATED_FIRST}, CAUSAL_CELLS),
     "causal_book_loop_one_sequence": ({"causal_linear_attention": CAUSAL_BOOK_LOOP_ONE_SEQUENCE}, CAUSAL_CELLS),
     "causal_masked_matrix": ({"causal_linear_attention": CAUSAL_MASKED_MATRIX},
-                             {"test_causal_linear_attention", "test_causal_memory"}),
-    # Chunk 64 divides the memory test's lengths, so only the output tests see the missing tail.
+                             {"test_causal_linear_attention", "test_causal_memory", "test_causal_chunked"}),
+    "causal_token_by_token": ({"causal_linear_attention": CAUSAL_RECURRENT_EINSUM}, {"test_causal_chunked"}),
+    "causal_running_sums": ({"causal_linear_attention": CAUSAL_CUMSUM}, {"test_causal_chunked"}),
+    # The memory tests' chunks divide their lengths, so only the output tests see the missing tail.
     "causal_last_chunk_dropped": ({"causal_linear_attention": CAUSAL_LAST_CHUNK_DROPPED},
-                                  CAUSAL_CELLS - {"test_causal_memory"}),
+                                  CAUSAL_CELLS - {"test_causal_memory", "test_causal_chunked"}),
 }

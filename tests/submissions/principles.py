@@ -35,6 +35,26 @@ def softmax(x, axis=-1):
     return x
 '''
 
+SOFTMAX_WITH_TORCH = '''
+import torch
+
+def softmax(x, axis=-1):
+    return torch.softmax(torch.from_numpy(np.asarray(x, dtype=np.float64)), dim=axis).numpy()
+'''
+
+# The torch_attention of Exercise 6's visible test, copied as the answer to Exercise 2.
+SDPA_WITH_TORCH = '''
+import torch
+import torch.nn.functional as F
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    tq, tk, tv = (torch.from_numpy(np.ascontiguousarray(a, dtype=np.float64)) for a in (q, k, v))
+    tm = None if mask is None else torch.from_numpy(np.ascontiguousarray(mask, dtype=bool))
+    eye = torch.eye(tk.shape[-2], dtype=torch.float64).expand(*tk.shape[:-1], tk.shape[-2])
+    weights = F.scaled_dot_product_attention(tq, tk, eye, attn_mask=tm)
+    return F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm).numpy(), weights.numpy()
+'''
+
 SDPA_NO_SCALING = '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ np.swapaxes(k, -1, -2)
@@ -345,9 +365,9 @@ def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
     return out.reshape(*shape[:-1], w_o.shape[1])
 '''
 
-STYLE_JVP_EXPLICIT_JACOBIAN = '''
+JVP_FORMS_JACOBIAN = '''
 def softmax_jvp(x, u, axis=-1):
-    # Builds each slice's Jacobian: fine for short slices, wasteful for long ones.
+    # Bug: builds each slice's n x n Jacobian, right values but n^2 memory.
     p = np.moveaxis(softmax(x, axis=axis), axis, -1)
     J = np.einsum("...i,ij->...ij", p, np.eye(p.shape[-1])) - p[..., :, None] * p[..., None, :]
     out = np.einsum("...ij,...j->...i", J, np.moveaxis(u, axis, -1))
@@ -423,7 +443,6 @@ CORRECT = {
     "sdpa_returns_list": {"scaled_dot_product_attention": STYLE_SDPA_LIST_RESULT},
     "sdpa_log_mask_warns": {"scaled_dot_product_attention": STYLE_SDPA_LOG_MASK},
     "mha_loop_over_heads": {"multi_head_attention": STYLE_MHA_LOOP,
-                            "softmax_jvp": STYLE_JVP_EXPLICIT_JACOBIAN,
                             "passes_attention_checks": STYLE_CHECKS_AGAINST_TORCH},
     "mha_einsum_weight_tensors": {"multi_head_attention": STYLE_MHA_EINSUM_WEIGHTS,
                                   "passes_attention_checks": STYLE_CHECKS_PROPERTIES},
@@ -441,10 +460,18 @@ BUGGY = {
     "softmax_ignores_axis": ({"softmax": SOFTMAX_IGNORES_AXIS},
                              {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"} | JVP_CELLS),
     "softmax_unstable": ({"softmax": SOFTMAX_UNSTABLE},
-                         {"test_softmax_stable", "test_sdpa_extreme_scores", "test_softmax_jvp_hidden"}),
+                         {"test_softmax", "test_softmax_stable", "test_sdpa_extreme_scores"} | JVP_CELLS),
     "softmax_global_max": ({"softmax": SOFTMAX_GLOBAL_MAX},
                            {"test_softmax_stable", "test_sdpa_extreme_scores", "test_softmax_jvp_hidden"}),
+    # Graded, the student's changes to its arguments never reach the test's arrays,
+    # so the visible test passes there (run in the notebook, it fails).
     "softmax_modifies_input": ({"softmax": SOFTMAX_IN_PLACE}, {"test_softmax_any_axis", "test_softmax_jvp_hidden"}),
+    # The answers that build on softmax then compute with PyTorch too.
+    "softmax_with_torch": ({"softmax": SOFTMAX_WITH_TORCH},
+                           {"test_softmax_any_axis", "test_softmax_stable", "test_sdpa_batched_and_masked",
+                            "test_sdpa_extreme_scores", "test_softmax_jvp_hidden"}),
+    "sdpa_copied_from_torch": ({"scaled_dot_product_attention": SDPA_WITH_TORCH},
+                               {"test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}),
     # With huge scores the weights are one-hot with or without scaling, so the
     # extreme-score cell cannot tell; the others can.
     "sdpa_no_scaling": ({"scaled_dot_product_attention": SDPA_NO_SCALING},
@@ -453,8 +480,9 @@ BUGGY = {
                                   SDPA_CELLS | MHA_CELLS),
     "sdpa_mask_after_softmax": ({"scaled_dot_product_attention": SDPA_MASK_AFTER_SOFTMAX},
                                 {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked"}),
+    # The visible multi-head test compares one head with the student's own attention, so only the hidden one sees it.
     "sdpa_scales_by_d_v": ({"scaled_dot_product_attention": SDPA_SCALE_BY_D_V},
-                           {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked"} | MHA_CELLS),
+                           {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_mha_hidden"}),
     "sdpa_2d_only": ({"scaled_dot_product_attention": SDPA_2D_ONLY},
                      {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked",
                       "test_sdpa_extreme_scores"} | MHA_CELLS),
@@ -468,8 +496,9 @@ BUGGY = {
     "mha_value_width_for_keys": ({"multi_head_attention": MHA_VALUE_WIDTH_FOR_KEYS}, {"test_mha_hidden"}),
     "jvp_forgets_outer_term": ({"softmax_jvp": JVP_FORGETS_OUTER_TERM}, JVP_CELLS),
     "jvp_last_axis_only": ({"softmax_jvp": JVP_LAST_AXIS_ONLY}, JVP_CELLS),
-    "jvp_own_unstable_softmax": ({"softmax_jvp": JVP_OWN_UNSTABLE_SOFTMAX}, {"test_softmax_jvp_hidden"}),
+    "jvp_own_unstable_softmax": ({"softmax_jvp": JVP_OWN_UNSTABLE_SOFTMAX}, JVP_CELLS),
     "jvp_changes_u": ({"softmax_jvp": JVP_CHANGES_U}, {"test_softmax_jvp_hidden"}),
+    "jvp_forms_jacobian": ({"softmax_jvp": JVP_FORMS_JACOBIAN}, {"test_softmax_jvp_hidden"}),
     "checks_only_row_sums": ({"passes_attention_checks": CHECKS_ONLY_ROW_SUMS},
                              {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_never_mask": ({"passes_attention_checks": CHECKS_NEVER_MASK},
