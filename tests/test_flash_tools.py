@@ -164,3 +164,37 @@ def test_benchmark_command_prints_the_table_for_this_machine():
 
 def test_interpreter_is_chosen_exactly_when_there_is_no_gpu():
     assert interpreting() == (not torch.cuda.is_available())
+
+
+@pytest.mark.parametrize("heads, kv_heads, causal, scale", [(2, 2, False, None), (4, 2, True, 0.3), (3, 1, True, None)])
+def test_backward_reference_matches_autograd_with_grouped_heads(heads, kv_heads, causal, scale):
+    q, do = (rng.normal(size=(2, heads, 9, 8)) for _ in range(2))
+    k, v = (rng.normal(size=(2, kv_heads, 9, 8)) for _ in range(2))
+    leaves = [torch.tensor(a, requires_grad=True) for a in (q, k, v)]
+    group = heads // kv_heads
+    out = F.scaled_dot_product_attention(leaves[0], leaves[1].repeat_interleave(group, 1),
+                                         leaves[2].repeat_interleave(group, 1), is_causal=causal, scale=scale)
+    out.backward(torch.from_numpy(do))
+    for found, leaf in zip(ref.attention_backward(q, k, v, do, causal, scale), leaves):
+        np.testing.assert_allclose(found, leaf.grad.numpy(), rtol=1e-10, atol=1e-12)
+
+
+def test_merged_chunk_states_equal_the_whole_row():
+    from autograde.checks.flash import chunk_states
+
+    s, v = rng.normal(scale=20, size=(4, 11)), rng.normal(size=(4, 11, 3))
+    s[1] = -np.inf
+    m, l, o = ref.merge_softmax_states(*chunk_states(s, v, [(0, 3), (3, 4), (4, 11)]))
+    whole_m, whole_l, whole_o = chunk_states(s, v, [(0, 11)])
+    np.testing.assert_array_equal(m, whole_m[0])
+    np.testing.assert_allclose(l, whole_l[0], rtol=1e-12)
+    np.testing.assert_allclose(o, whole_o[0], rtol=1e-10, atol=1e-12)
+
+
+def test_decode_reference_matches_sdpa_on_each_prefix():
+    q = rng.normal(size=(2, 4, 8))
+    k, v = (rng.normal(size=(2, 2, 13, 8)) for _ in range(2))
+    out = ref.decode_attention(q, k, v, [13, 5])
+    for b, n in enumerate((13, 5)):
+        expected = torch_attention(q[b][:, None], np.repeat(k[b, :, :n], 2, 0), np.repeat(v[b, :, :n], 2, 0))[:, 0]
+        np.testing.assert_allclose(out[b], expected, rtol=1e-10, atol=1e-12)
