@@ -106,15 +106,18 @@ def _copy(X, Y, n, BLOCK: tl.constexpr):
 
 def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
     group = q.shape[1] // k.shape[1]
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    keys, values = (t.repeat_interleave(group, 1) for t in leaves[1:])
-    scores = leaves[0] @ keys.transpose(-1, -2) * (sm_scale or q.shape[-1] ** -0.5)  # Bug: PyTorch computes it
+    scale = sm_scale or q.shape[-1] ** -0.5
+    qf, dof, of = q.float(), do.float(), o.float()
+    keys, values = (t.float().repeat_interleave(group, 1) for t in (k, v))
+    p = torch.exp(qf @ keys.transpose(-1, -2) * scale - lse[..., None])   # Bug: PyTorch computes the gradients
     if causal:
-        scores = scores.masked_fill(~torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril(), float("-inf"))
-    (torch.softmax(scores.float(), -1).to(q.dtype) @ values).backward(do)
+        p = p * torch.ones(p.shape[-2:], device=q.device).tril()
+    ds = p * (dof @ values.transpose(-1, -2) - (dof * of).sum(-1, keepdim=True))
+    fold = lambda t: t.reshape(t.shape[0], -1, group, *t.shape[2:]).sum(2)
+    results = (ds @ keys * scale, fold(ds.transpose(-1, -2) @ qf * scale), fold(p.transpose(-1, -2) @ dof))
     grads = [torch.empty_like(t) for t in (q, k, v)]
-    for src, dst in zip(leaves, grads):
-        _copy[(triton.cdiv(src.numel(), 1024),)](src.grad.contiguous(), dst, src.numel(), BLOCK=1024)
+    for src, dst in zip(results, grads):
+        _copy[(triton.cdiv(src.numel(), 1024),)](src.to(dst.dtype).contiguous(), dst, src.numel(), BLOCK=1024)
     return tuple(grads)
 """}
 
