@@ -88,11 +88,38 @@ TRAFFIC_FLOOR = _edit("hbm_traffic_backward", "key_blocks = (n + block_n - 1) //
 
 BWD_DS_WITHOUT_D = edit("bwd_dq_kernel", "ds = p * (dp - delta[:, None])", "ds = p * dp  # Bug: - D missing")
 
-BWD_DK_UNSCALED = edit("bwd_dkdv_kernel", "(dk_acc * sm_scale).to(DK.dtype.element_ty)",
-                       "dk_acc.to(DK.dtype.element_ty)  # Bug: dK lacks sm_scale")
+# Bug: dK lacks sm_scale
+BWD_DK_UNSCALED = edit("bwd_dkdv_kernel", "(dk_acc * sm_scale).to(DK.dtype.element_ty)", "dk_acc.to(DK.dtype.element_ty)")
 
 BWD_NO_CAUSAL_MASK = edit("bwd_dkdv_kernel", "keep = keep & (offs_n[:, None] <= offs_m[None, :])",
                           "keep = keep  # Bug: the causal mask is missing in the dK/dV pass")
+
+# Bug: dQ lacks sm_scale
+BWD_DQ_UNSCALED = edit("bwd_dq_kernel", "(dq_acc * sm_scale).to(DQ.dtype.element_ty)", "dq_acc.to(DQ.dtype.element_ty)")
+
+# One kernel over key blocks that also adds each tile's share of dQ into a float32 buffer:
+# several programs (one per key block) write the same rows of dQ, so the design needs atomics.
+_DKDV_WITH_DQ = _edit("bwd_dkdv_kernel", "def bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, seq_len,",
+                      "def bwd_dkdv_kernel(Q, K, V, DO, Lse, Delta, DK, DV, DQ, seq_len,")
+_DKDV_WITH_DQ = _DKDV_WITH_DQ.replace(
+    "            dk_acc += tl.dot(ds_t.to(q_tile.dtype), q_tile)\n",
+    "            dk_acc += tl.dot(ds_t.to(q_tile.dtype), q_tile)\n"
+    "            dq_part = tl.dot(tl.trans(ds_t).to(k_tile.dtype), k_tile) * sm_scale\n"
+    "            tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)\n", 1)
+_ATOMIC_LAUNCHER = _edit("flash_attention_backward", """    bwd_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * kv_heads)](
+        q, k, v, do, lse, delta, dk, dv, seq_len, head_dim, sm_scale, **common)
+    bwd_dq_kernel[(triton.cdiv(seq_len, block_m), batch * heads)](
+        q, k, v, do, lse, delta, dq, seq_len, head_dim, sm_scale, **common)
+    return dq, dk, dv""", """    dq32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)   # summed over key blocks
+    bwd_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * kv_heads)](
+        q, k, v, do, lse, delta, dk, dv, dq32, seq_len, head_dim, sm_scale, **common)
+    return dq32.to(q.dtype), dk, dv""")
+STYLE_BWD_ATOMICS = {"bwd_dkdv_kernel": _DKDV_WITH_DQ, "flash_attention_backward": _ATOMIC_LAUNCHER}
+assert "tl.atomic_add(" in _DKDV_WITH_DQ
+
+BWD_DQ_WITHOUT_ATOMICS = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.replace(
+    "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
+    "tl.store(DQ + q_where, dq_part, mask=q_mask)  # Bug: each key block overwrites the others' share of dQ"))
 
 BWD_GQA_NOT_SUMMED = edit("bwd_dkdv_kernel", "for g in range(GROUP):",
                           "for g in range(1):  # Bug: only the first query head of each group")
@@ -154,6 +181,8 @@ BUGGY = {
     "traffic_backward_floor": ({"hbm_traffic_backward": TRAFFIC_FLOOR}, {"test_traffic_backward_hidden"}),
     "bwd_ds_without_d": (BWD_DS_WITHOUT_D, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dk_without_scale": (BWD_DK_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
+    "bwd_dq_without_scale": (BWD_DQ_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
+    "bwd_dq_accumulated_without_atomics": (BWD_DQ_WITHOUT_ATOMICS, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS),
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
@@ -163,4 +192,5 @@ BUGGY = {
 CORRECT = {
     "merge_in_log_space": {"merge_softmax_states": STYLE_MERGE_LOGADDEXP},
     "decode_merge_in_torch": STYLE_DECODE_TORCH_MERGE,
+    "bwd_one_kernel_with_atomics": STYLE_BWD_ATOMICS,
 }
