@@ -1,7 +1,7 @@
 """The backward pass of attention for one head, in NumPy (Chapter 4).
 
-Dense gradients from the stored probabilities P, and the two-pass tiled form
-that FlashAttention uses: P is recomputed one tile at a time from the queries,
+Dense gradients from the stored probabilities P, and FlashAttention's backward
+in its two-pass tiled form: P is recomputed one tile at a time from the queries,
 the keys and the log-sum-exp that the forward pass stored, so no N x N array
 ever exists. Single head, no mask: the page on the backward pass shows these."""
 import math
