@@ -1,7 +1,11 @@
 """Benchmark of the FlashAttention kernel. With a CUDA GPU: TFLOP/s and peak
 memory of the Triton kernel, PyTorch's scaled_dot_product_attention with its
-FlashAttention backend pinned, and naive PyTorch attention. Without one: the peak
-CPU memory of the same computations (the kernel under Triton's interpreter).
+FlashAttention backend pinned, and naive PyTorch attention; then forward plus
+backward TFLOP/s and decoding latency against that backend. Without one: the
+peak CPU memory of the same computations (the kernels under Triton's
+interpreter). The backward and decoding kernels measured are the instructor's
+solutions of the chapter's exercises: where the course's grading package is
+absent (the student release) their rows are left out, and the output says why.
 Run as `python -m bookutils.benchmark` (the README's `./scripts/benchmark`)."""
 import argparse
 import math
@@ -9,7 +13,21 @@ import math
 import torch
 
 from coursekit.memory import traced_peak
+from bookutils.backward import backward_flops, forward_flops
 from bookutils.triton_kernels import DEVICE, flash_forward
+
+NO_SOLUTIONS = ("the backward and decoding kernels are the solutions of Chapter 4's exercises: they are "
+                "measured only where the course's grading package is installed")
+
+
+def solution_kernels():
+    """(kernels, None) with the instructor's backward and decoding kernels, or
+    (None, why) where they are not available."""
+    try:
+        from autograde.solution_kernels import chapter4_kernels
+    except ImportError:
+        return None, NO_SOLUTIONS
+    return chapter4_kernels(), None
 
 
 def naive_attention(q, k, v, causal=False):
@@ -68,6 +86,83 @@ def gpu_rows(sizes=(512, 1024, 2048, 4096, 8192), batch=4, heads=16, d=64, dtype
     return rows
 
 
+def sdpa_flash_gqa(q, k_cache, v_cache):
+    """One decoding step by SDPA's FlashAttention backend, with the caches already
+    expanded to one head per query head (that copy is made outside the timing)."""
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
+        return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache)[:, :, 0]
+
+
+def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=4, heads=16, d=64, dtype=torch.float16,
+                  causal=False, device="cuda", timer=None):
+    """Forward + backward: one dict per (method, n) with milliseconds and TFLOP/s,
+    counting the backward's recomputation of QK^T (3.5 times the forward's FLOPs)."""
+    timer = timer or _do_bench
+    methods = {"SDPA, FLASH_ATTENTION backend": sdpa_flash}
+    if kernels is not None:
+        methods["instructor's kernels"] = lambda q, k, v, c: kernels.FlashAttention.apply(q, k, v, c, None)
+    rows = []
+    for n in sizes:
+        q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
+        do = torch.randn(batch, heads, n, d, device=device, dtype=dtype)
+        flops = batch * heads * (forward_flops(n, d) + backward_flops(n, d)) * (0.5 if causal else 1.0)
+        for name, fn in methods.items():
+            def step(fn=fn):
+                return torch.autograd.grad(fn(q, k, v, causal), (q, k, v), do)
+            ms = timer(step)
+            rows.append({"method": name, "n": n, "ms": ms, "tflops": flops / (ms / 1e3) / 1e12})
+    return rows
+
+
+def decode_rows(kernels, lengths=(1024, 8192, 32768), batches=(1, 8), heads=32, kv_heads=8, d=128,
+                dtype=torch.float16, device="cuda", timer=None):
+    """One decoding step (one query per sequence, grouped-query heads as in Mistral 7B):
+    one dict per (method, batch, cache length) with microseconds."""
+    timer = timer or _do_bench
+    rows = []
+    for batch in batches:
+        for length in lengths:
+            q = torch.randn(batch, heads, d, device=device, dtype=dtype)
+            k_cache, v_cache = (torch.randn(batch, kv_heads, length, d, device=device, dtype=dtype) for _ in range(2))
+            expanded = [c.repeat_interleave(heads // kv_heads, dim=1) for c in (k_cache, v_cache)]
+            calls = {"SDPA, FLASH_ATTENTION backend": lambda: sdpa_flash_gqa(q, *expanded)}
+            if kernels is not None:
+                lens = torch.full((batch,), length, device=device, dtype=torch.int32)
+                calls["instructor's split-K kernels"] = lambda: kernels.decode_attention(q, k_cache, v_cache, lens)
+            for name, call in calls.items():
+                rows.append({"method": name, "batch": batch, "length": length, "us": 1e3 * timer(call)})
+            del expanded
+    return rows
+
+
+def _do_bench(fn):
+    import triton.testing
+
+    return triton.testing.do_bench(fn)
+
+
+def cpu_backward_rows(kernels, sizes=(128, 256, 512), d=64):
+    """Peak extra CPU memory (bytes) of one head's backward pass: the instructor's
+    kernels under the interpreter against autograd through naive PyTorch attention."""
+    def autograd_backward(q, k, v, o, lse, do):
+        leaves = [t.clone().requires_grad_() for t in (q, k, v)]
+        return torch.autograd.grad(naive_attention(*leaves), leaves, do)
+
+    methods = {"autograd, naive PyTorch": autograd_backward,
+               "instructor's kernels, interpreted": kernels.flash_attention_backward}
+    rows = []
+    for n in sizes:
+        q, k, v, do = (torch.randn(1, 1, n, d) for _ in range(4))
+        o, lse = flash_forward(q, k, v)
+        for name, fn in methods.items():
+            fn(q[..., :16, :], k[..., :16, :], v[..., :16, :], o[..., :16, :], lse[..., :16], do[..., :16, :])
+            _, peak = traced_peak(fn, q, k, v, o, lse, do)
+            rows.append({"method": name, "n": n, "peak_bytes": peak, "scores_bytes": 4 * n * n})
+    return rows
+
+
 def cpu_rows(sizes=(128, 256, 512), d=64):
     """Peak extra CPU memory (bytes) of one head of attention, per method and n."""
     methods = {"Triton kernel, interpreted": lambda q, k, v: flash_forward(q, k, v)[0],
@@ -106,6 +201,24 @@ def main(argv=None):
             ("method", lambda r: r["method"], 28), ("n", lambda r: r["n"], 6),
             ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
             ("n x n scores KiB", lambda r: f"{r['scores_bytes'] / 1024:.0f}", 17)])
+    kernels, why = solution_kernels()
+    if DEVICE == "cuda":
+        print(f"\nForward + backward: float16, batch 4, 16 heads, d = 64, causal={args.causal}")
+        _print_table(training_rows(kernels, causal=args.causal), [
+            ("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
+            ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8)])
+        print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
+        _print_table(decode_rows(kernels), [
+            ("method", lambda r: r["method"], 30), ("batch", lambda r: r["batch"], 6),
+            ("cache", lambda r: r["length"], 7), ("us", lambda r: f"{r['us']:.1f}", 9)])
+    elif kernels is not None:
+        print("\nBackward pass: peak CPU memory of one head (d = 64, float32).")
+        _print_table(cpu_backward_rows(kernels), [
+            ("method", lambda r: r["method"], 34), ("n", lambda r: r["n"], 6),
+            ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
+            ("n x n scores KiB", lambda r: f"{r['scores_bytes'] / 1024:.0f}", 17)])
+    if kernels is None:
+        print(f"\nBackward and decoding rows left out: {why}.")
 
 
 if __name__ == "__main__":

@@ -3,7 +3,8 @@
 
 The interpreter executes every tl.load / tl.store through one builder object;
 wrapping its masked load and store counts exactly the elements a kernel moves
-(masked-off lanes move nothing). On a GPU only launches are counted."""
+(masked-off lanes move nothing); an atomic read-modify-write (tl.atomic_add)
+counts as one load and one store of its lanes. On a GPU only launches are counted."""
 import collections
 import contextlib
 import os
@@ -84,9 +85,18 @@ def trace_kernels():
                 return original(self, ptrs, value, mask, *rest)
             return masked_store
 
+        def atomic(original):
+            def read_modify_write(self, op, ptrs, value, mask, *rest):
+                moved = _moved_bytes(mask.data, value.data)
+                trace.loaded[trace._current] += moved
+                trace.stored[trace._current] += moved
+                return original(self, op, ptrs, value, mask, *rest)
+            return read_modify_write
+
         patch(interpreter.GridExecutor, "__call__", launch)
         patch(interpreter.InterpreterBuilder, "create_masked_load", load)
         patch(interpreter.InterpreterBuilder, "create_masked_store", store)
+        patch(interpreter.InterpreterBuilder, "create_atomic_rmw", atomic)
     else:
         def compiled_launch(original):
             def run(self, *args, **kwargs):

@@ -54,13 +54,28 @@ def _forbidden(op_names):
                    if name in FORBIDDEN_OPS or "scaled_dot_product" in name or "attention" in name})
 
 
-def flash_traced_call(flash_attention, q, k, v, causal, sm_scale, what):
-    """Run the student's launcher under the kernel trace and the operator recorder.
-    Returns (output, trace)."""
-    import torch
-    from torch.utils._python_dispatch import TorchDispatchMode
+# ---------------------------------------------------------------- Chapter 4: backward pass and decoding
 
-    from coursekit.triton_trace import interpreting, trace_kernels
+def _checked_kernels(what, ops, trace, stored_at_least, loaded_at_least):
+    """Shared rules for a launcher graded as Triton kernels: no attention or matrix
+    product in PyTorch, at least one launch, and (interpreter) the outputs stored by kernels."""
+    from coursekit.triton_trace import interpreting
+
+    used = _forbidden(ops.names)
+    if used:
+        raise GradingFailure(f"{what} used PyTorch's {', '.join(used)}: the computation must be done by your Triton "
+                             "kernels; the launcher may only allocate buffers and launch them.")
+    if trace.total_launches == 0:
+        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
+    if interpreting() and (trace.bytes_stored < stored_at_least or trace.bytes_loaded < loaded_at_least):
+        raise GradingFailure(
+            f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "
+            f"reading the inputs needs at least {loaded_at_least} and writing the results {stored_at_least}: the "
+            "results must be computed and stored by your kernels (tl.load, tl.store).")
+
+
+def _operator_recorder():
+    from torch.utils._python_dispatch import TorchDispatchMode
 
     class OperatorNames(TorchDispatchMode):
         def __init__(self):
@@ -71,53 +86,92 @@ def flash_traced_call(flash_attention, q, k, v, causal, sm_scale, what):
             self.names.add(func.overloadpacket.__name__)
             return func(*args, **(kwargs or {}))
 
+    return OperatorNames()
+
+
+def _nbytes(t):
+    return t.numel() * t.element_size()
+
+
+def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what):
+    """Run the student's backward launcher under the kernel trace and the operator
+    recorder. Returns (dq, dk, dv) as given back (checked by the grader)."""
+    import torch
+
+    from coursekit.triton_trace import trace_kernels
+
     kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
-    with trace_kernels() as trace, OperatorNames() as ops:
-        out = call(flash_attention, q, k, v, what=what, **kwargs)
+    with trace_kernels() as trace, _operator_recorder() as ops:
+        grads = call(flash_attention_backward, q, k, v, o, lse, do, what=what, **kwargs)
         if q.is_cuda:
             torch.cuda.synchronize()
-    used = _forbidden(ops.names)
-    if used:
-        raise GradingFailure(f"{what} used PyTorch's {', '.join(used)}: the attention must be computed by your Triton "
-                             "kernel; the launcher may only allocate the output (and the log-sum-exp) and launch it.")
-    if trace.total_launches == 0:
-        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernel as kernel[grid](...).")
-    if interpreting():
-        out_bytes = out.numel() * out.element_size() if isinstance(out, torch.Tensor) else 0
-        if trace.bytes_stored < out_bytes or trace.bytes_loaded < q.numel() * q.element_size():
-            raise GradingFailure(
-                f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "
-                f"reading every query needs {q.numel() * q.element_size()} and writing the output {out_bytes}: "
-                "the output must be computed and stored by your kernel (tl.load, tl.store).")
-    return out, trace
+    _checked_kernels(what, ops, trace, _nbytes(q) + _nbytes(k) + _nbytes(v), _nbytes(q) + _nbytes(do))
+    return grads
 
 
-def cuda_flash_peak(flash_attention, q, k, v, what):
-    """(output, peak CUDA bytes beyond what was allocated before the call)."""
+def cuda_backward_peak(flash_attention_backward, q, k, v, o, lse, do, what):
+    """(gradients, peak CUDA bytes beyond what was allocated before the call)."""
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    out, _ = flash_traced_call(flash_attention, q, k, v, False, None, what)
-    return out, torch.cuda.max_memory_allocated() - base
+    grads = backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, False, None, what)
+    return grads, torch.cuda.max_memory_allocated() - base
+
+
+def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_scale, what):
+    """Run the student's decoding launcher under the kernel trace and the operator
+    recorder, noting the number of programs of every launch.
+    Returns (output, list of (kernel name, programs))."""
+    import math
+
+    import torch
+
+    from coursekit.triton_trace import interpreting, trace_kernels
+
+    grids = []
+    names = []
+    if interpreting():
+        from triton.runtime import interpreter
+
+        owner, name = interpreter.InterpreterBuilder, "set_grid_dim"
+        original = owner.set_grid_dim
+
+        def recording(self, nx, ny, nz):
+            grids.append(nx * ny * nz)
+            return original(self, nx, ny, nz)
+    else:
+        import triton.runtime.jit as jit
+
+        owner, name = jit.JITFunction, "run"
+        original = owner.run
+
+        def recording(self, *args, grid, warmup, **kwargs):
+            if not warmup:
+                shape = grid(kwargs) if callable(grid) else grid
+                shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+                grids.append(math.prod(int(g) for g in shape))
+                names.append(self.fn.__name__)
+            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
+    setattr(owner, name, recording)
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    try:
+        with trace_kernels() as trace, _operator_recorder() as ops:
+            out = call(decode_attention, q, k_cache, v_cache, cache_lens, what=what, **kwargs)
+            if q.is_cuda:
+                torch.cuda.synchronize()
+    finally:
+        setattr(owner, name, original)
+    stored = _nbytes(out) if isinstance(out, torch.Tensor) else _nbytes(q)
+    _checked_kernels(what, ops, trace, stored, _nbytes(q))
+    return out, grids
 
 
 def torch_operators_used(fn, *args, what):
     """(result, names of the PyTorch operators that ran during fn(*args)): the
     NumPy exercises are graded as NumPy code, and PyTorch's own softmax or
     attention would answer them in one line."""
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class OperatorNames(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.names = set()
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            self.names.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
-
-    with OperatorNames() as ops:
+    with _operator_recorder() as ops:
         result = call(fn, *args, what=what)
     return result, sorted(ops.names)

@@ -1,10 +1,12 @@
-"""Hidden checks for Chapter 4 (FlashAttention).
+"""Hidden checks for Chapter 4 (FlashAttention): merging softmax states, the
+backward pass in NumPy and in Triton, its HBM traffic, and split-K decoding.
 
 The NumPy exercises are compared with autograde.reference.flash over many shapes.
-The Triton kernel is graded for output, memory and for being a kernel: every
-call runs under autograde.triton_trace (kernel launches, and under the
-interpreter the bytes each kernel loads and stores) and a PyTorch dispatch mode
-that records the operators the launcher uses."""
+The Triton launchers are graded for output, memory and for being kernels: every
+call runs in the student's process under autograde.triton_trace (kernel
+launches, and under the interpreter the bytes each kernel loads and stores) and
+a PyTorch dispatch mode that records the operators the launcher uses. Expected
+answers are computed from private float64 copies before the student is called."""
 
 import numpy as np
 
@@ -22,149 +24,170 @@ def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
 
 
-# ------------------------------------------------------------- online softmax statistics
+# ------------------------------------------------------------- merging partial softmax states
 
-STATS_HINT = ("Keep a running max m and a running sum l; for each block, m_new = max(m, max(block)) and "
-              "l = l * exp(m - m_new) + sum(exp(block - m_new)). A row that is all -inf has m = -inf, l = 0.")
+MERGE_HINT = ("Carry every chunk's sum to the common max before adding: weight_c = l_c * exp(m_c - m), "
+              "l = sum_c weight_c and o = sum_c weight_c * o_c / l. A chunk with m_c = -inf contributes nothing, "
+              "and a row whose chunks are all empty has m = -inf, l = 0 and o = 0 (no nan).")
 
 
-def _expect_stats(found, x, block_size):
-    what = f"online_softmax_stats(x of shape {x.shape}, block_size={block_size})"
-    expect_sequence(found, 2, what=what, names="(m, l)")
-    m_ref, l_ref = ref.online_softmax_stats(x, block_size)
-    for name, value, expected in (("m", found[0], m_ref), ("l", found[1], l_ref)):
+def chunk_states(scores, v, bounds):
+    """The (m, l, o) of each key chunk [a, b) of rows of scores (..., n) over values v (..., n, d_v),
+    stacked on a new first axis: what a split-K pass stores per chunk."""
+    ms, ls, os_ = [], [], []
+    for a, b in bounds:
+        part = scores[..., a:b]
+        m = part.max(axis=-1) if b > a else np.full(scores.shape[:-1], -np.inf)
+        safe = np.where(np.isneginf(m), 0.0, m)
+        e = np.exp(part - safe[..., None])
+        l = e.sum(axis=-1)
+        o = np.einsum("...j,...jd->...d", e, v[..., a:b, :])
+        ms.append(m)
+        ls.append(l)
+        os_.append(np.divide(o, l[..., None], out=np.zeros_like(o), where=l[..., None] > 0))
+    return np.stack(ms), np.stack(ls), np.stack(os_)
+
+
+def _check_merge(fn, scores, v, bounds):
+    m, l, o = chunk_states(scores, v, bounds)
+    what = f"merge_softmax_states(m {m.shape}, l {l.shape}, o {o.shape}) for key chunks {bounds}"
+    expected = ref.merge_softmax_states(m, l, o)
+    found = call_unchanged(fn, m, l, o, what=what)
+    expect_sequence(found, 3, what=what, names="(m, l, o)")
+    for name, value, want in zip("mlo", found, expected):
         label = f"{what}: {name}"
-        if isinstance(value, (float, np.floating)):
-            value = np.asarray(value)
-        if not isinstance(value, np.ndarray) or value.shape != expected.shape:
-            raise GradingFailure(f"{label} should be an array of shape {expected.shape} (x's shape without its last "
-                                 f"axis), but is {describe(value)}.")
-        empty = np.isneginf(expected)
+        value = np.asarray(value) if isinstance(value, (float, np.floating)) else value
+        if not isinstance(value, np.ndarray) or value.shape != want.shape:
+            raise GradingFailure(f"{label} should be an array of shape {want.shape}, but is {describe(value)}.")
+        empty = np.isneginf(want)
         if not np.array_equal(np.isneginf(value), empty):
             row = tuple(int(i) for i in np.argwhere(np.isneginf(value) != empty)[0])
-            raise GradingFailure(f"{label} at row {row}: expected {expected[row]}, found {value[row]}. {STATS_HINT}")
-        expect_close(np.where(empty, 0.0, value), np.where(empty, 0.0, expected), what=label,
-                     rtol=1e-10, atol=1e-12, hint=STATS_HINT)
+            raise GradingFailure(f"{label} at {row}: expected {want[row]}, found {value[row]}. {MERGE_HINT}")
+        expect_close(np.where(empty, 0.0, value), np.where(empty, 0.0, want), what=label,
+                     rtol=1e-10, atol=1e-12, hint=MERGE_HINT)
 
 
-def _check_stats(fn, x, block_size):
-    what = f"online_softmax_stats(x of shape {x.shape}, block_size={block_size})"
-    _expect_stats(call_unchanged(fn, x, block_size, what=what), x, block_size)
+def check_merge_values(merge_softmax_states):
+    """Two to five chunks of unequal sizes; one row, a batch of rows, two leading axes; d_v from 1 to 5."""
+    rng = _rng(11)
+    for lead, n, d_v, bounds in [((), 6, 3, [(0, 3), (3, 6)]), ((4,), 10, 2, [(0, 4), (4, 7), (7, 10)]),
+                                 ((2, 3), 9, 5, [(0, 1), (1, 2), (2, 8), (8, 9)]), ((5,), 12, 1, [(0, 12)]),
+                                 ((3,), 11, 4, [(6, 11), (0, 2), (2, 6)]), ((2,), 15, 3, [(0, 3)] + [(a, a + 3) for a in range(3, 15, 3)])]:
+        scores = rng.normal(scale=2.0, size=lead + (n,))
+        _check_merge(merge_softmax_states, scores, rng.normal(size=lead + (n, d_v)), bounds)
 
 
-def check_stats_values(online_softmax_stats):
-    """Random rows, 1-D to 3-D, with block sizes that divide the row, do not, or exceed it."""
-    rng = _rng(1)
-    for shape in [(1,), (7,), (3, 10), (2, 3, 17), (4, 64)]:
-        x = rng.normal(scale=3.0, size=shape)
-        for block_size in (1, 3, 4, shape[-1], shape[-1] + 5):
-            _check_stats(online_softmax_stats, x, block_size)
+def check_merge_extreme(merge_softmax_states):
+    """Scores near ±1e3 (exp(m) overflows), empty chunks (m = -inf, l = 0), a row whose
+    chunks are all empty, and a chunk whose max is far below the others (its weight underflows to 0)."""
+    rng = _rng(12)
+    scores = rng.normal(size=(6, 12))
+    scores[0] *= 1e3
+    scores[1] = scores[1] - 1e3
+    scores[2, :8] = -np.inf                 # the first two chunks see only masked keys
+    scores[3] = -np.inf                     # nothing to attend to
+    scores[4, 4:] -= 900.0                  # later chunks are negligible
+    scores[5, ::2] = -np.inf
+    v = rng.normal(size=(6, 12, 3))
+    for bounds in ([(0, 4), (4, 8), (8, 12)], [(0, 1), (1, 12)], [(8, 12), (0, 8)]):
+        _check_merge(merge_softmax_states, scores, v, bounds)
 
 
-def check_stats_extreme(online_softmax_stats):
-    """Values near ±1e4 (a naive exp overflows), -inf entries from masks, a first
-    block that is entirely -inf, and a row that is entirely -inf."""
-    rng = _rng(2)
-    x = rng.normal(size=(6, 23))
-    x[0] *= 1e4                       # huge magnitudes
-    x[1] = x[1] * 1e4 - 5e4          # all very negative
-    x[2, ::3] = -np.inf              # masked entries
-    x[3, :9] = -np.inf               # the first blocks see only -inf
-    x[4] = -np.inf                   # nothing to attend to
-    x[5, -1] = 1e4                   # the max arrives in the last block
-    for block_size in (1, 4, 8, 23):
-        _check_stats(online_softmax_stats, x, block_size)
+# ------------------------------------------------------------- the backward pass in NumPy
+
+TILED_BWD_HINT = ("Recompute each tile of P as exp(S * scale - lse) (no running max is needed: lse is final), "
+                  "then dV += P^T dO, dP = dO V^T, dS = P * (dP - D) with D = rowsum(dO * O) over the whole row, "
+                  "dQ += dS K * scale and dK += dS^T Q * scale. Scores are scaled by 1/sqrt(d); causal: key j <= query i.")
 
 
-# ------------------------------------------------------------- tiled attention (NumPy)
-
-TILED_HINT = ("For each block of queries, keep m, l and an unnormalised output; for each key block rescale "
-              "them by exp(m_old - m_new) before adding the new block. Scores are scaled by 1/sqrt(d).")
-
-
-def _check_tiled(fn, q, k, v, block_m, block_n, causal):
-    what = (f"tiled_attention(q {q.shape}, k {k.shape}, v {v.shape}, block_m={block_m}, block_n={block_n}, "
-            f"causal={causal})")
-    found = call_unchanged(fn, q, k, v, block_m, block_n, causal=causal, what=what)
-    expect_close(found, ref.attention(q, k, v, causal), what=what, rtol=1e-9, atol=1e-11, hint=TILED_HINT)
+def _check_tiled_bwd(fn, q, k, v, do, block_m, block_n, causal):
+    o, lse = ref.attention_with_lse(q, k, v, causal)
+    expected = ref.attention_backward(q, k, v, do, causal)
+    what = (f"tiled_attention_backward(q {q.shape}, k {k.shape}, v {v.shape}, ..., block_m={block_m}, "
+            f"block_n={block_n}, causal={causal})")
+    found = call_unchanged(fn, q, k, v, o, do, lse, block_m, block_n, causal=causal, what=what)
+    expect_sequence(found, 3, what=what, names="(dq, dk, dv)")
+    for name, value, want in zip(("dq", "dk", "dv"), found, expected):
+        expect_close(value, want, what=f"{what}: {name}", rtol=1e-8, atol=1e-10, hint=TILED_BWD_HINT)
 
 
-def check_tiled_output(tiled_attention):
-    """Non-causal: blocks that divide n, that do not, larger than n, of size 1;
-    fewer or more keys than queries; d_v != d; leading batch axes."""
-    rng = _rng(3)
-    cases = [((), 8, 8, 4, 4, 4, 4), ((), 10, 10, 3, 5, 3, 4), ((), 1, 1, 2, 1, 1, 3), ((), 7, 7, 5, 32, 32, 5),
-             ((), 5, 13, 4, 2, 4, 2), ((), 12, 3, 3, 4, 2, 6), ((2,), 9, 9, 4, 4, 3, 3), ((2, 3), 6, 11, 2, 4, 5, 3)]
-    for batch, n_q, n_k, d, block_m, block_n, d_v in cases:
+def check_tiled_bwd_output(tiled_attention_backward):
+    """Non-causal: blocks that divide n, that do not, larger than n, of size 1; fewer or
+    more keys than queries; d_v != d; one and two leading batch axes."""
+    rng = _rng(13)
+    for batch, n_q, n_k, d, d_v, block_m, block_n in [((), 8, 8, 4, 4, 4, 4), ((), 10, 10, 3, 3, 3, 4),
+                                                      ((), 1, 1, 2, 2, 1, 3), ((), 7, 7, 5, 3, 32, 32),
+                                                      ((), 5, 13, 4, 2, 2, 4), ((), 12, 3, 3, 6, 4, 2),
+                                                      ((2,), 9, 9, 4, 3, 4, 3), ((2, 3), 6, 11, 2, 3, 4, 5)]:
         q, k = rng.normal(size=batch + (n_q, d)), rng.normal(size=batch + (n_k, d))
-        v = rng.normal(size=batch + (n_k, d_v))
-        _check_tiled(tiled_attention, q, k, v, block_m, block_n, False)
+        v, do = rng.normal(size=batch + (n_k, d_v)), rng.normal(size=batch + (n_q, d_v))
+        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, block_m, block_n, False)
 
 
-def check_tiled_causal(tiled_attention):
-    """Causal: query i sees keys 0..i, with blocks of unequal sizes and ragged n."""
-    rng = _rng(4)
+def check_tiled_bwd_causal(tiled_attention_backward):
+    """Causal: query i sees keys 0..i, with blocks of unequal sizes, ragged n and batch axes."""
+    rng = _rng(14)
     for batch, n, d, block_m, block_n in [((), 1, 3, 4, 4), ((), 8, 4, 4, 4), ((), 10, 4, 3, 4), ((), 10, 4, 4, 3),
                                           ((), 17, 5, 16, 2), ((3,), 9, 2, 2, 5), ((2, 2), 7, 3, 7, 1)]:
-        q, k, v = (rng.normal(size=batch + (n, d)) for _ in range(3))
-        _check_tiled(tiled_attention, q, k, v, block_m, block_n, True)
+        q, k, v, do = (rng.normal(size=batch + (n, d)) for _ in range(4))
+        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, block_m, block_n, True)
 
 
-def check_tiled_extreme(tiled_attention):
-    """Scores of size several hundred, whose maximum moves between key blocks."""
-    rng = _rng(5)
+def check_tiled_bwd_extreme(tiled_attention_backward):
+    """Scores of size several hundred (exp(S) overflows unless P is recomputed as exp(S - lse))."""
+    rng = _rng(15)
     for scale in (10.0, 40.0):
-        q, k, v = rng.normal(scale=scale, size=(12, 4)), rng.normal(scale=scale, size=(12, 4)), rng.normal(size=(12, 3))
-        _check_tiled(tiled_attention, q, k, v, 4, 3, False)
-        _check_tiled(tiled_attention, q, k, v, 5, 2, True)
+        q, k = rng.normal(scale=scale, size=(12, 4)), rng.normal(scale=scale, size=(12, 4))
+        v, do = rng.normal(size=(12, 3)), rng.normal(size=(12, 3))
+        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, 4, 3, False)
+        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, 5, 2, True)
 
 
-def tiled_memory_budget(n, d, d_v, block_m, block_n):
-    """What a tiled pass may hold at once, in bytes of float64: eight arrays the
-    size of one block_m x block_n tile (scores, weights and their temporaries),
-    three arrays the size of all the inputs (copies, the output, running state),
-    and 64 KiB of slack."""
-    return 8 * (8 * block_m * block_n + 3 * n * (2 * d + d_v)) + 2**16
+def tiled_bwd_memory_budget(n, d, block_m, block_n):
+    """What a tiled backward may hold at once, in bytes of float64: twelve arrays the size of
+    one block_m x block_n tile (P, dP, dS and their temporaries), twelve arrays the size of
+    one n x d input (copies, the three gradients), four of n numbers, and 64 KiB of slack."""
+    return 8 * (12 * block_m * block_n + 12 * n * d + 4 * n) + 2**16
 
 
-def check_tiled_memory(tiled_attention):
-    """Peak memory at n = 1024 and 4096 with 64 x 64 tiles and narrow heads (d = 4,
-    so that copies of the inputs are small next to a strip of scores) must stay
-    within tiled_memory_budget: a 64 x n strip of scores or an n x n matrix does not."""
-    rng = _rng(6)
+def check_tiled_bwd_memory(tiled_attention_backward):
+    """Peak memory at n = 1024 and 4096 with 64 x 64 tiles and d = 4 must stay within
+    tiled_bwd_memory_budget: a 64 x n strip of P or an n x n matrix does not."""
+    rng = _rng(16)
     d, block = 4, 64
     for n in (1024, 4096):
-        q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
-        what = f"tiled_attention for n={n}, d={d}, block_m=block_n={block}"
-        found, peak = traced_peak(call, tiled_attention, q, k, v, block, block, what=what)
-        expect_close(found, ref.attention(q, k, v), what=what, rtol=1e-9, atol=1e-11, hint=TILED_HINT)
-        budget = tiled_memory_budget(n, d, d, block, block)
+        q, k, v, do = (rng.normal(size=(n, d)) for _ in range(4))
+        o, lse = ref.attention_with_lse(q, k, v)
+        expected = ref.attention_backward(q, k, v, do)
+        what = f"tiled_attention_backward for n={n}, d={d}, block_m=block_n={block}"
+        found, peak = traced_peak(call, tiled_attention_backward, q, k, v, o, do, lse, block, block, what=what)
+        expect_sequence(found, 3, what=what, names="(dq, dk, dv)")
+        for name, value, want in zip(("dq", "dk", "dv"), found, expected):
+            expect_close(value, want, what=f"{what}: {name}", rtol=1e-8, atol=1e-10, hint=TILED_BWD_HINT)
+        budget = tiled_bwd_memory_budget(n, d, block, block)
         if peak > budget:
             raise GradingFailure(
-                f"{what}: peak memory was {peak / 2**20:.2f} MiB, more than the {budget / 2**20:.2f} MiB a tiled pass "
-                f"needs (a few {block} x {block} tiles plus copies of the inputs). A score array of {block} x {n} "
-                f"or {n} x {n} entries is being built: loop over key blocks too, holding one tile at a time.")
+                f"{what}: peak memory was {peak / 2**20:.2f} MiB, more than the {budget / 2**20:.2f} MiB a tiled "
+                f"backward needs (a few {block} x {block} tiles plus copies of the inputs and the gradients). An "
+                f"array of {block} x {n} or {n} x {n} entries is being built: recompute P one tile at a time.")
 
 
-# ------------------------------------------------------------- the IO model
+# ------------------------------------------------------------- the backward pass's traffic
 
-def check_traffic_standard(hbm_traffic_standard):
-    for n, d in [(1, 1), (2, 3), (64, 64), (100, 16), (1024, 128), (4096, 64), (10**6, 128), (10**9, 256)]:
-        what = f"hbm_traffic_standard(n={n}, d={d})"
-        expect_int(call(hbm_traffic_standard, n, d, what=what), ref.hbm_traffic_standard(n, d), what=what,
-                    hint="Read Q and K, write S; read S, write P; read P and V, write O.")
-
-
-def check_traffic_flash(hbm_traffic_flash):
-    for n, d, block_m in [(1, 1, 1), (8, 4, 8), (8, 4, 3), (100, 16, 64), (64, 64, 128), (1000, 64, 7),
-                          (4096, 128, 128), (10**6 + 1, 64, 128), (10**9, 128, 10**5 + 3)]:
-        what = f"hbm_traffic_flash(n={n}, d={d}, block_m={block_m})"
-        expect_int(call(hbm_traffic_flash, n, d, block_m, what=what), ref.hbm_traffic_flash(n, d, block_m),
-                    what=what, hint="Q is read and O written once; each of the ceil(n / block_m) query blocks reads "
-                                    "all of K and V. Use integer ceiling division.")
+def check_traffic_backward(hbm_traffic_backward):
+    for n, d, block_m, block_n in [(1, 1, 1, 1), (8, 4, 8, 8), (8, 4, 3, 5), (100, 16, 64, 32), (64, 64, 128, 16),
+                                   (1000, 64, 7, 13), (4096, 128, 128, 64), (10**6 + 1, 64, 128, 64),
+                                   (10**9, 128, 10**5 + 3, 257)]:
+        what = f"hbm_traffic_backward(n={n}, d={d}, block_m={block_m}, block_n={block_n})"
+        expect_int(call(hbm_traffic_backward, n, d, block_m, block_n, what=what),
+                   ref.hbm_traffic_backward(n, d, block_m, block_n), what=what,
+                   hint="D: read O and dO, write D. dK/dV pass: K, V read and dK, dV written once; each of the "
+                        "ceil(n / block_n) key blocks reads Q, dO, lse and D. dQ pass: Q, dO, lse, D read and dQ "
+                        "written once; each of the ceil(n / block_m) query blocks reads K and V. Use integer "
+                        "ceiling division.")
 
 
-# ------------------------------------------------------------- the Triton kernel
+# ------------------------------------------------------------- the backward kernels in Triton
 
 def _tolerances(dtype):
     """float32: the interpreter's products are exact float32 (rtol 1e-4 leaves room for
@@ -178,131 +201,207 @@ def _tolerances(dtype):
     return {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}[dtype]
 
 
-def _check_flash(flash_attention, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
-                 layout="contiguous"):
+
+BWD_HINT = ("Check D = rowsum(dO * O), P = exp(sm_scale * QK^T - lse) with the masks for the ragged last block and "
+            "the causal condition (key j <= query i), dS = P * (dP - D), the factor sm_scale in dQ and dK, and, "
+            "when k and v have fewer heads than q, that dK and dV add up every query head of the group.")
+
+
+def _device_and_dtype(dtype):
     import torch
 
     from coursekit.triton_env import triton_device
 
     device = triton_device(quiet=True)
-    dtype = dtype or (torch.float16 if device == "cuda" else torch.float32)
+    return device, dtype or (torch.float16 if device == "cuda" else torch.float32)
+
+
+def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0):
+    import torch
+
+    device, dtype = _device_and_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
-    batch, heads, n, d = shape
-    if layout == "transposed":      # (B, N, H, D) memory viewed as (B, H, N, D), as after a head split
-        make = lambda: torch.randn(batch, n, heads, d, generator=gen).transpose(1, 2)  # noqa: E731
-    else:
-        make = lambda: torch.randn(batch, heads, n, d, generator=gen)  # noqa: E731
-    q, k, v = (magnitude * make() if name != "v" else make() for name in "qkv")
-    expected = ref.attention(q.double().numpy(), k.double().numpy(), v.double().numpy(), causal, sm_scale)
-    q, k, v = (t.to(device=device, dtype=dtype) for t in (q, k, v))
-    originals = [t.clone() for t in (q, k, v)]
-    what = (f"flash_attention(q, k, v of shape {tuple(shape)}, {dtype}, causal={causal}"
-            + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + (", non-contiguous" if layout != "contiguous" else "")
-            + ")")
-    out, _ = in_student_process(probes.flash_traced_call, flash_attention, q, k, v, causal, sm_scale, what)
-    if not isinstance(out, torch.Tensor):
-        raise GradingFailure(f"{what} should return a torch.Tensor, but returned {describe(out)}.")
-    if tuple(out.shape) != tuple(shape) or out.dtype != dtype or out.device != q.device:
-        raise GradingFailure(f"{what} should return a {dtype} tensor of shape {tuple(shape)} on {q.device}, "
-                             f"but returned {out.dtype} of shape {tuple(out.shape)} on {out.device}.")
-    for name, before, after in zip("qkv", originals, (q, k, v)):
+    batch, heads, kv_heads, n, d = shape
+    q = (magnitude * torch.randn(batch, heads, n, d, generator=gen)).to(dtype)
+    k = (magnitude * torch.randn(batch, kv_heads, n, d, generator=gen)).to(dtype)
+    v, do = torch.randn(batch, kv_heads, n, d, generator=gen).to(dtype), torch.randn(batch, heads, n, d, generator=gen).to(dtype)
+    q64, k64, v64, do64 = (t.double().numpy() for t in (q, k, v, do))
+    group = heads // kv_heads
+    o64, lse64 = ref.attention_with_lse(q64, np.repeat(k64, group, 1), np.repeat(v64, group, 1), causal, sm_scale)
+    expected = ref.attention_backward(q64, k64, v64, do64, causal, sm_scale)
+    o = torch.from_numpy(o64).to(device=device, dtype=dtype)
+    lse = torch.from_numpy(lse64).to(device=device, dtype=torch.float32)
+    q, k, v, do = (t.to(device) for t in (q, k, v, do))
+    originals = [t.clone() for t in (q, k, v, o, lse, do)]
+    what = (f"flash_attention_backward(q of shape {tuple(q.shape)}, k and v of shape {tuple(k.shape)}, {dtype}, "
+            f"causal={causal}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + ")")
+    found = in_student_process(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do, causal,
+                               sm_scale, what)
+    expect_sequence(found, 3, what=what, names="(dq, dk, dv)")
+    for name, before, after in zip(("q", "k", "v", "o", "lse", "do"), originals, (q, k, v, o, lse, do)):
         if not torch.equal(before, after):
-            raise GradingFailure(f"{what} changed its input {name}; write only to the output.")
+            raise GradingFailure(f"{what} changed its input {name}; write only to the gradients.")
     rtol, atol = _tolerances(dtype)
-    hint = ("Check the masks for the last, partial block (rows and columns >= N), the causal condition "
-            "(key j <= query i), the rescaling of the accumulator by exp(m_old - m_new), and that scores are "
-            "scaled once, by sm_scale (default 1/sqrt(D)).")
-    expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=rtol, atol=atol, hint=hint)
+    for name, value, want, like in zip(("dq", "dk", "dv"), found, expected, (q, k, v)):
+        if not isinstance(value, torch.Tensor):
+            raise GradingFailure(f"{what}: {name} should be a torch.Tensor, but is {describe(value)}.")
+        if tuple(value.shape) != tuple(like.shape) or value.dtype != dtype or value.device != like.device:
+            raise GradingFailure(f"{what}: {name} should be a {dtype} tensor of shape {tuple(like.shape)} on "
+                                 f"{like.device}, but is {value.dtype} of shape {tuple(value.shape)} on {value.device}.")
+        scale = max(1.0, float(np.abs(want).max()))       # gradients summed over many keys grow with n
+        expect_close(value.detach().double().cpu().numpy(), want, what=f"{what}: {name}", rtol=rtol,
+                     atol=atol * scale, hint=BWD_HINT)
 
 
-def check_flash_output(flash_attention):
-    """Non-causal, N a multiple of 16, 32 and 64 (so no ragged block), every head dim 16-128, batch and heads.
-    On a GPU also bfloat16 (the interpreter has no bfloat16 arithmetic, so not on the CPU)."""
+def check_bwd_output(flash_attention_backward):
+    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads; float16 too
+    (the interpreter supports it), and bfloat16 on a GPU."""
     import torch
 
-    from coursekit.triton_env import triton_device
-
-    for i, shape in enumerate([(1, 1, 64, 16), (1, 2, 64, 32), (2, 1, 128, 64), (1, 1, 64, 128), (2, 2, 64, 16)]):
-        _check_flash(flash_attention, shape, seed=100 + i)
-    if triton_device(quiet=True) == "cuda":
-        _check_flash(flash_attention, (2, 2, 128, 64), seed=150, dtype=torch.bfloat16)
-
-
-def check_flash_ragged(flash_attention):
-    """N = 1, N smaller than a block, and N not a multiple of any power-of-two block."""
-    for i, (shape, causal) in enumerate([((1, 1, 1, 16), False), ((1, 1, 1, 32), True), ((1, 2, 5, 16), False),
-                                         ((2, 1, 17, 32), False), ((1, 1, 33, 64), True), ((1, 1, 100, 16), False),
-                                         ((1, 1, 67, 128), True)]):
-        _check_flash(flash_attention, shape, causal, seed=200 + i)
+    device, _ = _device_and_dtype(None)
+    for i, shape in enumerate([(1, 1, 1, 64, 16), (1, 2, 2, 64, 32), (2, 1, 1, 64, 64), (1, 1, 1, 32, 128)]):
+        _check_bwd(flash_attention_backward, shape, seed=700 + i)
+    _check_bwd(flash_attention_backward, (1, 2, 2, 64, 32), seed=750, dtype=torch.float16)
+    if device == "cuda":
+        _check_bwd(flash_attention_backward, (2, 2, 2, 128, 64), seed=751, dtype=torch.bfloat16)
 
 
-def check_flash_causal(flash_attention):
-    """Causal masking, including the diagonal, over several blocks and heads."""
-    for i, shape in enumerate([(1, 1, 16, 16), (2, 2, 64, 32), (1, 1, 96, 64), (1, 2, 128, 16)]):
-        _check_flash(flash_attention, shape, True, seed=300 + i)
+def check_bwd_ragged_causal(flash_attention_backward):
+    """N = 1, N smaller than a block, N not a multiple of any block, causal and not, diagonal included."""
+    for i, (shape, causal) in enumerate([((1, 1, 1, 1, 16), False), ((1, 1, 1, 1, 32), True),
+                                         ((1, 2, 2, 5, 16), False), ((2, 1, 1, 17, 32), True),
+                                         ((1, 1, 1, 33, 64), True), ((1, 1, 1, 67, 16), False),
+                                         ((1, 2, 2, 64, 32), True), ((1, 1, 1, 96, 16), True)]):
+        _check_bwd(flash_attention_backward, shape, causal, seed=800 + i)
 
 
-def check_flash_scale(flash_attention):
-    """A custom sm_scale, and large scores (the running max must rescale); N a multiple of 32."""
+def check_bwd_scale(flash_attention_backward):
+    """A custom sm_scale, and large scores (P must come from the log-sum-exp, not from exp(S))."""
     for i, (shape, causal, sm_scale, magnitude) in enumerate([
-            ((1, 1, 64, 32), False, 0.05, 1.0), ((1, 2, 64, 16), True, 1.0, 1.0), ((1, 1, 128, 64), False, 0.3, 1.0),
-            ((1, 1, 64, 16), False, None, 12.0), ((1, 1, 96, 32), True, None, 8.0)]):
-        _check_flash(flash_attention, shape, causal, sm_scale, seed=400 + i, magnitude=magnitude)
+            ((1, 1, 1, 64, 32), False, 0.05, 1.0), ((1, 2, 2, 64, 16), True, 1.0, 1.0),
+            ((1, 1, 1, 40, 64), False, 0.3, 1.0), ((1, 1, 1, 64, 16), False, None, 8.0),
+            ((1, 1, 1, 48, 32), True, None, 6.0)]):
+        _check_bwd(flash_attention_backward, shape, causal, sm_scale, seed=900 + i, magnitude=magnitude)
 
 
-def check_flash_strides(flash_attention):
-    """Inputs that are views with non-standard strides (heads split from (B, N, H, D))."""
-    for i, (shape, causal) in enumerate([((2, 3, 32, 16), False), ((1, 2, 48, 32), True)]):
-        _check_flash(flash_attention, shape, causal, seed=500 + i, layout="transposed")
+def check_bwd_gqa(flash_attention_backward):
+    """Grouped-query attention: k and v with 1 (multi-query) or H / 2 or H / 3 heads; dK and dV
+    must add up the query heads of each group."""
+    for i, (shape, causal) in enumerate([((1, 4, 2, 40, 16), False), ((2, 4, 1, 33, 32), True),
+                                         ((1, 6, 3, 64, 16), True)]):
+        _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i)
 
 
-def flash_overhead_allowance(d, element_size):
-    """Extra bytes per token that the launcher may add as N grows, beyond the output
-    and the log-sum-exp: one copy of q, k, v and the output."""
-    return 4 * d * element_size
+def bwd_overhead_allowance(d, element_size):
+    """Extra bytes per token that the backward launcher may add as N grows, beyond the
+    gradients: a copy of q, k, v, o and do, a float32 dq buffer, and D and lse in float32."""
+    return 5 * d * element_size + 4 * d + 8
 
 
-def check_flash_memory(flash_attention):
-    """Memory beyond the output and the log-sum-exp, measured at several N.
-
-    CPU (interpreter): NumPy allocations (the kernel's tiles) through tracemalloc
-    plus PyTorch's tensors through a dispatch mode. Tiles of fixed size cost the
-    same at every N; the overhead may grow no faster than one copy of the inputs
-    and output per token, which a BLOCK_M x N strip of scores or an N x N matrix
-    exceeds. GPU: torch.cuda.max_memory_allocated, the same rule."""
+def check_bwd_memory(flash_attention_backward):
+    """Memory beyond dq, dk and dv at several N, by the rules of the forward kernel's check:
+    tiles of a fixed size cost the same at every N, so the overhead may grow no faster than
+    bwd_overhead_allowance per token, which a BLOCK x N strip of P or an N x N matrix exceeds."""
     import torch
 
-    from coursekit.triton_env import triton_device
-
-    device = triton_device(quiet=True)
-    dtype = torch.float16 if device == "cuda" else torch.float32
+    device, dtype = _device_and_dtype(None)
     d = 16 if device == "cpu" else 64
-    sizes = (128, 256, 512) if device == "cpu" else (1024, 4096, 16384)
+    sizes = (64, 128, 256) if device == "cpu" else (1024, 4096, 16384)
     element = torch.empty(0, dtype=dtype).element_size()
-    gen = torch.Generator().manual_seed(600)
+    gen = torch.Generator().manual_seed(1100)
     overheads = []
     for n in sizes:
-        q, k, v = (torch.randn(1, 1, n, d, generator=gen).to(device=device, dtype=dtype) for _ in range(3))
-        what = f"flash_attention(q, k, v of shape (1, 1, {n}, {d}))"
-        call(flash_attention, q, k, v, what=what)   # a first call at each size loads code and fills caches
+        q, k, v, do = (torch.randn(1, 1, n, d, generator=gen).to(dtype) for _ in range(4))
+        o64, lse64 = ref.attention_with_lse(q.double().numpy(), k.double().numpy(), v.double().numpy())
+        expected = ref.attention_backward(*(t.double().numpy() for t in (q, k, v, do)))
+        o, lse = torch.from_numpy(o64).to(device=device, dtype=dtype), torch.from_numpy(lse64).float().to(device)
+        q, k, v, do = (t.to(device) for t in (q, k, v, do))
+        what = f"flash_attention_backward(q, k, v, o, lse, do with N={n}, D={d})"
+        call(flash_attention_backward, q, k, v, o, lse, do, what=what)   # a first call loads code and fills caches
         if device == "cuda":
-            out, peak = in_student_process(probes.cuda_flash_peak, flash_attention, q, k, v, what)
+            grads, peak = in_student_process(probes.cuda_backward_peak, flash_attention_backward, q, k, v, o, lse, do,
+                                             what)
         else:
-            (out, _), peak = traced_peak(probes.flash_traced_call, flash_attention, q, k, v, False, None, what)
-        expected = ref.attention(q.double().cpu().numpy(), k.double().cpu().numpy(), v.double().cpu().numpy())
-        expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=_tolerances(dtype)[0],
-                     atol=_tolerances(dtype)[1])
-        overheads.append(peak - n * d * element - 8 * n)      # output, and a log-sum-exp even in float64
+            grads, peak = traced_peak(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do,
+                                      False, None, what)
+        expect_sequence(grads, 3, what=what, names="(dq, dk, dv)")
+        rtol, atol = _tolerances(dtype)
+        for name, value, want in zip(("dq", "dk", "dv"), grads, expected):
+            expect_close(value.detach().double().cpu().numpy(), want, what=f"{what}: {name}", rtol=rtol,
+                         atol=atol * max(1.0, float(np.abs(want).max())), hint=BWD_HINT)
+        overheads.append(peak - 3 * n * d * element)
         scores = n * n * element
-        if peak > scores / 4 + n * d * element * 8 + 2**20:
-            raise GradingFailure(f"{what}: extra peak memory {peak / 2**20:.2f} MiB is close to the "
-                                 f"{scores / 2**20:.2f} MiB of an N x N score matrix. Never materialise the scores.")
+        if peak > scores / 4 + n * d * element * 16 + 2**20:
+            raise GradingFailure(f"{what}: peak memory {peak / 2**20:.2f} MiB is close to the {scores / 2**20:.2f} "
+                                 "MiB of an N x N matrix. Recompute P tile by tile inside the kernels.")
     per_token = (overheads[-1] - overheads[0]) / (sizes[-1] - sizes[0])
-    allowed = flash_overhead_allowance(d, element)
+    allowed = bwd_overhead_allowance(d, element)
     if per_token > allowed:
         raise GradingFailure(
-            f"flash_attention's memory beyond the output grew by {per_token:.0f} bytes per token from N={sizes[0]} to "
-            f"N={sizes[-1]} (d={d}); at most {allowed} (one copy of q, k, v and the output) is allowed. The overheads "
-            f"were {', '.join(f'{o / 1024:.0f} KiB' for o in overheads)}. A kernel that loops over blocks of keys "
-            "holds tiles of a fixed size; a BLOCK_N that grows with N (a whole row of scores) or scores built "
-            "outside the kernel make memory grow with N.")
+            f"flash_attention_backward's memory beyond the gradients grew by {per_token:.0f} bytes per token from "
+            f"N={sizes[0]} to N={sizes[-1]} (D={d}); at most {allowed} is allowed (copies of the inputs, D and a "
+            f"float32 dq). The overheads were {', '.join(f'{o / 1024:.0f} KiB' for o in overheads)}. Kernels that "
+            "loop over blocks hold tiles of a fixed size; a block that grows with N, or P built outside the "
+            "kernels, makes memory grow with N.")
+
+
+# ------------------------------------------------------------- split-K decoding
+
+DECODE_HINT = ("Query head h reads key/value head h // (H_q // H_kv); only the first cache_lens[b] positions of "
+               "sequence b count; each chunk stores its (m, l, o), and the merge weighs o_c by l_c * exp(m_c - m).")
+
+
+def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm_scale=None, *, seed, dtype=None):
+    import torch
+
+    device, dtype = _device_and_dtype(dtype)
+    gen = torch.Generator().manual_seed(seed)
+    q = torch.randn(batch, heads, d, generator=gen).to(dtype)
+    k_cache, v_cache = (torch.randn(batch, kv_heads, max_len, d, generator=gen).to(dtype) for _ in range(2))
+    expected = ref.decode_attention(q.double().numpy(), k_cache.double().numpy(), v_cache.double().numpy(), lens,
+                                    sm_scale)
+    q, k_cache, v_cache = (t.to(device) for t in (q, k_cache, v_cache))
+    cache_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    originals = [t.clone() for t in (q, k_cache, v_cache, cache_lens)]
+    what = (f"decode_attention(q of shape {tuple(q.shape)}, caches of shape {tuple(k_cache.shape)}, cache_lens={lens}, "
+            f"{dtype}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + ")")
+    out, grids = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
+                                    sm_scale, what)
+    for name, before, after in zip(("q", "k_cache", "v_cache", "cache_lens"), originals,
+                                   (q, k_cache, v_cache, cache_lens)):
+        if not torch.equal(before, after):
+            raise GradingFailure(f"{what} changed its input {name}; write only to new buffers.")
+    if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape) or out.dtype != dtype:
+        raise GradingFailure(f"{what} should return a {dtype} tensor of shape {tuple(q.shape)}, but returned "
+                             f"{describe(out) if not isinstance(out, torch.Tensor) else f'{out.dtype} {tuple(out.shape)}'}.")
+    rtol, atol = _tolerances(dtype)
+    expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=rtol, atol=atol, hint=DECODE_HINT)
+    return grids
+
+
+def check_decode_output(decode_attention):
+    """Caches of 1 to 300 positions with per-sequence lengths (1, full, ragged), query groups of 1
+    (multi-head), 2, 4 and 8 (multi-query), head dims 16-128, a custom sm_scale; float16 too."""
+    import torch
+
+    device, _ = _device_and_dtype(None)
+    for i, (batch, heads, kv_heads, max_len, d, lens, scale) in enumerate([
+            (1, 1, 1, 1, 16, [1], None), (2, 2, 2, 40, 32, [40, 7], None), (3, 4, 2, 100, 64, [1, 100, 65], None),
+            (1, 8, 1, 300, 16, [257], 0.5), (2, 4, 4, 64, 128, [64, 33], None), (2, 6, 3, 130, 32, [129, 2], 0.1)]):
+        _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i)
+    _check_decode(decode_attention, 2, 4, 2, 96, 32, [96, 50], seed=1250, dtype=torch.float16)
+    if device == "cuda":
+        _check_decode(decode_attention, 2, 8, 2, 4096, 128, [4096, 1000], seed=1251, dtype=torch.bfloat16)
+
+
+def check_decode_split(decode_attention):
+    """A long cache (2048 positions) for 2 sequences of 4 query heads: the work must be split
+    along the cache, more programs than (sequence, query head) pairs in one launch."""
+    batch, heads = 2, 4
+    grids = _check_decode(decode_attention, batch, heads, 2, 2048, 64, [2048, 1500], seed=1300)
+    if not grids or max(grids) <= batch * heads:
+        raise GradingFailure(
+            f"decode_attention on a cache of 2048 positions launched grids of {grids} programs, never more than one "
+            f"program per (sequence, query head) ({batch * heads}): one program then reads the whole cache alone "
+            "while the rest of the GPU idles. Split the cache into chunks, one program per (chunk, sequence, head), "
+            "then merge the chunks' partial states.")

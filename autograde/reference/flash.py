@@ -82,3 +82,87 @@ def hbm_traffic_flash(n, d, block_m):
     """Elements moved by the tiled forward pass: Q read once and O written once
     (2nd); every one of the ceil(n / block_m) query blocks reads all of K and V."""
     return 2 * n * d + 2 * n * d * (-(-n // block_m))
+
+
+# ---------------------------------------------------------------- merging partial softmax states
+
+def merge_softmax_states(m, l, o):
+    """Merge C partial softmax states of one row (axis 0 indexes the key chunks):
+    m[c] is chunk c's max score, l[c] = sum(exp(s - m[c])) and o[c] its normalised
+    output (zeros where l[c] = 0). Returns the (m, l, o) of all the chunks together."""
+    m, l, o = (np.asarray(a, dtype=np.float64) for a in (m, l, o))
+    m_all = m.max(axis=0)
+    safe = np.where(np.isneginf(m_all), 0.0, m_all)
+    weight = l * np.exp(m - safe)                    # each chunk's sum, carried to the common max
+    l_all = weight.sum(axis=0)
+    total = (weight[..., None] * o).sum(axis=0)
+    o_all = np.divide(total, l_all[..., None], out=np.zeros_like(total), where=l_all[..., None] > 0)
+    return m_all, l_all, o_all
+
+
+# ---------------------------------------------------------------- the backward pass
+
+def _expand_heads(x, heads):
+    """(..., H_kv, n, d) -> (..., heads, n, d), each key/value head shared by heads // H_kv query heads."""
+    return np.repeat(x, heads // x.shape[-3], axis=-3) if x.ndim >= 3 and x.shape[-3] != heads else x
+
+
+def attention_backward(q, k, v, do, causal=False, sm_scale=None):
+    """(dq, dk, dv) of o = softmax(scale q k^T) v for the upstream gradient do, dense,
+    in float64. k and v may have fewer heads than q on axis -3 (grouped-query
+    attention); dk and dv are then summed over each group of query heads."""
+    q, k, v, do = (np.asarray(a, dtype=np.float64) for a in (q, k, v, do))
+    scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
+    heads = q.shape[-3] if q.ndim >= 3 else None
+    ke, ve = (_expand_heads(a, heads) for a in (k, v)) if heads else (k, v)
+    s = q @ np.swapaxes(ke, -1, -2) * scale
+    if causal:
+        s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
+    p = np.exp(s - s.max(axis=-1, keepdims=True))
+    p /= p.sum(axis=-1, keepdims=True)
+    o = p @ ve
+    dv = np.swapaxes(p, -1, -2) @ do
+    dp = do @ np.swapaxes(ve, -1, -2)
+    ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))
+    dq = ds @ ke * scale
+    dk = np.swapaxes(ds, -1, -2) @ q * scale
+    if heads and k.shape[-3] != heads:
+        group = heads // k.shape[-3]
+        fold = lambda x: x.reshape(x.shape[:-3] + (k.shape[-3], group) + x.shape[-2:]).sum(axis=-3)  # noqa: E731
+        dk, dv = fold(dk), fold(dv)
+    return dq, dk, dv
+
+
+def hbm_traffic_backward(n, d, block_m, block_n):
+    """Elements moved by the two-pass tiled backward of one head (the chapter's IO model).
+    Preprocessing: read O and dO, write D (2nd + n). dK/dV pass: each key block reads
+    its K and V once and writes its dK and dV (4nd in all); each of the
+    ceil(n / block_n) key blocks reads all of Q, dO, lse and D (2nd + 2n). dQ pass: each
+    query block reads its Q, dO, lse and D once and writes dQ (3nd + 2n in all); each of
+    the ceil(n / block_m) query blocks reads all of K and V (2nd)."""
+    key_blocks, query_blocks = -(-n // block_n), -(-n // block_m)
+    preprocess = 2 * n * d + n
+    dkdv = 4 * n * d + key_blocks * (2 * n * d + 2 * n)
+    dq = 3 * n * d + 2 * n + query_blocks * 2 * n * d
+    return preprocess + dkdv + dq
+
+
+# ---------------------------------------------------------------- decoding
+
+def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
+    """One new query per sequence against its KV cache: q (B, H_q, D), caches
+    (B, H_kv, L_max, D) of which the first cache_lens[b] positions are valid; query
+    head h reads key/value head h // (H_q // H_kv). Returns (B, H_q, D)."""
+    q, k_cache, v_cache = (np.asarray(a, dtype=np.float64) for a in (q, k_cache, v_cache))
+    batch, heads, d = q.shape
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
+    group = heads // k_cache.shape[1]
+    out = np.zeros((batch, heads, v_cache.shape[-1]))
+    for b in range(batch):
+        length = int(cache_lens[b])
+        for h in range(heads):
+            keys, values = k_cache[b, h // group, :length], v_cache[b, h // group, :length]
+            s = keys @ q[b, h] * scale
+            p = np.exp(s - s.max())
+            out[b, h] = p @ values / p.sum()
+    return out

@@ -1,0 +1,41 @@
+"""The instructor's Chapter 4 kernels (the solutions of the backward-pass and
+decoding exercises), loaded from the solution notebook for the benchmark.
+
+They are answers, so they live only in the instructor's repository:
+bookutils.benchmark asks for them here and omits their rows where this package
+is absent (the student release)."""
+import contextlib
+import io
+import linecache
+import types
+
+import nbformat
+
+from autograde.course import SOLUTIONS, solution_code
+
+NOTEBOOK = SOLUTIONS / "ch4_flash" / "flash.ipynb"
+
+
+def _run(code, namespace, label):
+    # @triton.jit reads its function's source through inspect, which needs linecache
+    filename = f"<solution {label}>"
+    linecache.cache[filename] = (len(code), None, code.splitlines(keepends=True), filename)
+    exec(compile(code, filename, "exec"), namespace)
+
+
+def chapter4_kernels():
+    """A namespace with the notebook's setup and every solution cell run in order:
+    flash_attention_backward, FlashAttention (the book's forward kernel with that
+    backward, as an autograd function) and decode_attention among them."""
+    namespace = {"__name__": "chapter4_solutions"}
+    with contextlib.redirect_stdout(io.StringIO()):   # the setup cell reports the Triton mode
+        for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
+            meta = cell.metadata.get("nbgrader", {})
+            if cell.cell_type != "code":
+                continue
+            if meta.get("grade_id") == "setup":
+                _run(cell.source, namespace, "setup")
+            elif meta.get("solution") or meta.get("grade_id") == "flash_function":
+                _run(solution_code(cell), namespace, meta["grade_id"])
+    return types.SimpleNamespace(**{name: namespace[name] for name in
+                                    ("flash_attention_backward", "FlashAttention", "decode_attention")})
