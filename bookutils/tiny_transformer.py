@@ -150,7 +150,7 @@ def word_sense(batch, gen, n=10, context=None):
 
 @contextmanager
 def single_thread():
-    """Run on one thread: the same summation order, hence the same losses, on every machine."""
+    """Run on one thread: one summation order, hence the same losses on every run."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
