@@ -1,6 +1,6 @@
 """A tiny Transformer encoder and three synthetic tasks, small enough to train on
-a CPU in seconds while the book builds. Everything is seeded, so a page that
-trains a model shows the same numbers on every build.
+a CPU in seconds while the book builds. Everything is seeded and training runs
+on one thread, so rebuilding a page on the same machine shows the same numbers.
 
 The attention layer exposes the choices the book compares: the factor applied
 to the scores (1/sqrt(d_k), none, 1/d_k, or none with the factor folded into
