@@ -1,0 +1,193 @@
+"""A tiny Transformer encoder and three synthetic tasks, small enough to train on
+a CPU in seconds while the book builds. Everything is seeded and training runs
+on one thread, so rebuilding a page on the same machine shows the same numbers.
+
+The attention layer exposes the choices the book compares: the factor applied
+to the scores (1/sqrt(d_k), none, 1/d_k, or none with the factor folded into
+W_Q's initialisation), post-norm or pre-norm, and an optional learned position
+table. Each layer keeps its last attention weights for plotting."""
+from contextlib import contextmanager
+
+import torch
+from torch import nn
+import torch.nn.functional as F
+
+IGNORE = -100   # target value that the loss skips (F.cross_entropy's ignore_index)
+
+
+class SelfAttention(nn.Module):
+    """Multi-head self-attention with a configurable score scale.
+
+    scale: "sqrt" divides the scores by sqrt(d_head), "none" leaves them raw,
+    "linear" divides by d_head (the muP choice), and "fold" leaves them raw but
+    draws W_Q with a standard deviation sqrt(d_head) times smaller, so that the
+    initial scores equal those of "sqrt" (the T5 choice)."""
+
+    def __init__(self, d_model, n_heads, d_head, scale="sqrt"):
+        super().__init__()
+        self.n_heads, self.d_head = n_heads, d_head
+        self.factor = {"sqrt": d_head ** -0.5, "none": 1.0, "linear": 1.0 / d_head, "fold": 1.0}[scale]
+        self.q = nn.Linear(d_model, n_heads * d_head, bias=False)
+        self.k = nn.Linear(d_model, n_heads * d_head, bias=False)
+        self.v = nn.Linear(d_model, n_heads * d_head, bias=False)
+        self.out = nn.Linear(n_heads * d_head, d_model)
+        # Unit-variance inputs give unit-variance query and key components,
+        # the setting in which Var(q . k) = d_k.
+        q_std = d_model ** -0.5 * (d_head ** -0.5 if scale == "fold" else 1.0)
+        nn.init.normal_(self.q.weight, std=q_std)
+        nn.init.normal_(self.k.weight, std=d_model ** -0.5)
+        self.weights = None
+
+    def forward(self, x):
+        b, n, _ = x.shape
+        split = lambda t: t.view(b, n, self.n_heads, self.d_head).transpose(1, 2)  # (b, h, n, d_head)
+        q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
+        w = torch.softmax(self.factor * q @ k.transpose(-1, -2), dim=-1)           # (b, h, n, n)
+        self.weights = w.detach()
+        return self.out((w @ v).transpose(1, 2).reshape(b, n, -1))
+
+
+class Block(nn.Module):
+    """Attention and a ReLU feed-forward network in residual connections, with
+    LayerNorm after each addition (post-norm) or before each sublayer (pre-norm)."""
+
+    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale):
+        super().__init__()
+        self.pre_norm = pre_norm
+        self.attn = SelfAttention(d_model, n_heads, d_head, scale)
+        self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
+        self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+
+    def forward(self, x):
+        if self.pre_norm:
+            x = x + self.attn(self.ln1(x))
+            return x + self.ffn(self.ln2(x))
+        x = self.ln1(x + self.attn(x))
+        return self.ln2(x + self.ffn(x))
+
+
+class TinyTransformer(nn.Module):
+    """Token embedding (plus a learned position table when max_len is given),
+    a stack of blocks, and a linear read-out of n_targets classifications with
+    n_classes classes each, for every token. forward returns logits of shape
+    (batch, tokens, n_targets, n_classes) and, with hidden=True, also the final
+    token representations."""
+
+    def __init__(self, vocab, n_classes, n_targets=1, d_model=64, n_heads=2, n_layers=1, d_ff=128,
+                 max_len=None, pre_norm=True, d_head=None, scale="sqrt"):
+        super().__init__()
+        self.n_targets, self.n_classes = n_targets, n_classes
+        self.embed = nn.Embedding(vocab, d_model)
+        self.pos = nn.Embedding(max_len, d_model) if max_len else None
+        self.blocks = nn.ModuleList(Block(d_model, n_heads, d_head or d_model // n_heads, d_ff,
+                                          pre_norm, scale) for _ in range(n_layers))
+        # A pre-norm stack leaves its residual stream unnormalised; normalise it once at the end.
+        self.final_ln = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
+        self.readout = nn.Linear(d_model, n_targets * n_classes)
+
+    def forward(self, tokens, hidden=False):
+        x = self.embed(tokens)
+        if self.pos is not None:
+            x = x + self.pos(torch.arange(tokens.shape[1]))
+        for block in self.blocks:
+            x = block(x)
+        h = self.final_ln(x)
+        logits = self.readout(h).view(*tokens.shape, self.n_targets, self.n_classes)
+        return (logits, h) if hidden else logits
+
+    def attention_weights(self):
+        """Weights of the last forward pass, one (batch, heads, n, n) tensor per layer."""
+        return [block.attn.weights for block in self.blocks]
+
+
+# ---- tasks: each sample(batch, gen) returns tokens (batch, n) and targets (batch, n, n_targets)
+
+def mirror_and_previous(batch, gen, n=10, digits=10):
+    """Random digits; every token must output the digit at its mirror position
+    n-1-i and the digit just before it (none for the first token)."""
+    x = torch.randint(digits, (batch, n), generator=gen)
+    previous = torch.cat([torch.full((batch, 1), IGNORE), x[:, :-1]], dim=1)
+    return x, torch.stack([x.flip(1), previous], dim=-1)
+
+
+def odd_one_out(batch, gen, n=8, groups=4, per_group=4):
+    """A set of n tokens: n-1 drawn from one group of the vocabulary (token t is
+    in group t // per_group) and one from another group. Each token outputs 1 if
+    it is the odd one out, else 0. Nothing depends on order."""
+    main = torch.randint(groups, (batch, 1), generator=gen)
+    other = (main + 1 + torch.randint(groups - 1, (batch, 1), generator=gen)) % groups
+    group = main.expand(batch, n).clone()
+    odd = torch.randint(n, (batch,), generator=gen)
+    group[torch.arange(batch), odd] = other[:, 0]
+    x = group * per_group + torch.randint(per_group, (batch, n), generator=gen)
+    return x, (group != main).long()[..., None]
+
+
+# Vocabulary of the word-sense task: filler words, two context markers and one ambiguous word.
+N_FILLER = 12
+RIVER, MONEY, BANK = N_FILLER, N_FILLER + 1, N_FILLER + 2
+SENSE_VOCAB = N_FILLER + 3
+
+
+def word_sense(batch, gen, n=10, context=None):
+    """Filler words, one marker (RIVER or MONEY) and one ambiguous word BANK at
+    random distinct positions. BANK must output its sense: 0 next to RIVER, 1
+    next to MONEY; other tokens have no target. context (0 or 1) fixes the
+    marker for every sequence; by default it is random."""
+    x = torch.randint(N_FILLER, (batch, n), generator=gen)
+    sense = (torch.randint(2, (batch,), generator=gen) if context is None
+             else torch.full((batch,), context))
+    places = torch.rand(batch, n, generator=gen).argsort(dim=1)[:, :2]  # two distinct positions
+    rows = torch.arange(batch)
+    x[rows, places[:, 0]] = RIVER + sense
+    x[rows, places[:, 1]] = BANK
+    y = torch.full((batch, n), IGNORE)
+    y[rows, places[:, 1]] = sense
+    return x, y[..., None]
+
+
+# ---- training
+
+@contextmanager
+def single_thread():
+    """Run on one thread: one summation order, hence the same losses on every run."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def task_loss(logits, y):
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
+
+
+def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0):
+    """Adam on fresh batches from sample(batch, generator); the learning rate
+    rises linearly over the first `warmup` steps, then stays at lr. Returns the
+    training loss of every step (NaN once it has diverged)."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    losses = []
+    with single_thread():
+        for step in range(steps):
+            for group in opt.param_groups:
+                group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
+            x, y = sample(batch, gen)
+            loss = task_loss(model(x), y)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(loss.item())
+    return losses
+
+
+@torch.no_grad()
+def accuracy(model, sample, batch=1000, seed=12345):
+    """Fraction of targets predicted correctly, per target (a tensor of n_targets)."""
+    x, y = sample(batch, torch.Generator().manual_seed(seed))
+    with single_thread():
+        pred = model(x).argmax(-1)
+    keep = y != IGNORE
+    return ((pred == y) & keep).sum((0, 1)) / keep.sum((0, 1))

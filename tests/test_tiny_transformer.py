@@ -1,0 +1,85 @@
+"""The tiny Transformer the book trains while it builds: its tasks produce the
+targets they describe, training is deterministic, a trained model solves its
+task where an untrained one does not, and the score-scale options and the
+missing position table do what the book says."""
+import torch
+
+from bookutils.tiny_transformer import (BANK, IGNORE, MONEY, RIVER, SENSE_VOCAB, TinyTransformer, accuracy,
+                                        mirror_and_previous, odd_one_out, train, word_sense)
+
+
+def gen(seed=0):
+    return torch.Generator().manual_seed(seed)
+
+
+def mirror_model(**kw):
+    torch.manual_seed(0)
+    return TinyTransformer(10, 10, n_targets=2, d_model=64, n_heads=2, max_len=10, **kw)
+
+
+def test_mirror_targets_are_the_mirrored_and_previous_digits():
+    x, y = mirror_and_previous(5, gen(), n=7)
+    for b in range(5):
+        for i in range(7):
+            assert y[b, i, 0] == x[b, 6 - i]
+            assert y[b, i, 1] == (IGNORE if i == 0 else x[b, i - 1])
+
+
+def test_odd_one_out_has_exactly_one_token_from_another_group():
+    x, y = odd_one_out(200, gen(), n=8, groups=4, per_group=4)
+    group = x // 4
+    assert (y[..., 0].sum(1) == 1).all()
+    for b in range(200):
+        odd = int(y[b, :, 0].argmax())
+        rest = torch.cat([group[b, :odd], group[b, odd + 1:]])
+        assert (rest == rest[0]).all() and group[b, odd] != rest[0]
+
+
+def test_word_sense_labels_only_the_ambiguous_word_with_its_marker():
+    x, y = word_sense(300, gen())
+    for b in range(300):
+        labelled = (y[b, :, 0] != IGNORE).nonzero().flatten().tolist()
+        assert labelled == (x[b] == BANK).nonzero().flatten().tolist() and len(labelled) == 1
+        markers = x[b][(x[b] == RIVER) | (x[b] == MONEY)]
+        assert len(markers) == 1
+        assert y[b, labelled[0], 0] == (1 if markers[0] == MONEY else 0)
+    assert int(x.max()) < SENSE_VOCAB
+
+
+def test_training_is_deterministic():
+    runs = [train(mirror_model(), mirror_and_previous, 20, lr=3e-3) for _ in range(2)]
+    assert runs[0] == runs[1]
+    assert train(mirror_model(), mirror_and_previous, 20, lr=3e-3, seed=1) != runs[0]
+
+
+def test_trained_model_solves_the_mirror_task_and_an_untrained_one_does_not():
+    model = mirror_model()
+    before = accuracy(model, mirror_and_previous)
+    losses = train(model, mirror_and_previous, 300, lr=3e-3)
+    after = accuracy(model, mirror_and_previous)
+    assert (before < 0.3).all(), before
+    assert (after > 0.95).all(), after
+    assert losses[-1] < 0.1 * losses[0]
+
+
+def test_folding_the_factor_into_w_q_gives_the_scaled_scores_at_initialisation():
+    x, _ = mirror_and_previous(4, gen())
+    outputs = {}
+    for scale in ["sqrt", "fold", "none"]:
+        model = mirror_model(d_head=128, scale=scale)
+        outputs[scale] = (model(x), model.attention_weights()[0])
+    torch.testing.assert_close(outputs["fold"][1], outputs["sqrt"][1])
+    torch.testing.assert_close(outputs["fold"][0], outputs["sqrt"][0])
+    # Unscaled scores at d_k = 128 are spread about sqrt(128) times wider: nearly one-hot rows.
+    assert outputs["none"][1].amax(-1).mean() > 2 * outputs["sqrt"][1].amax(-1).mean()
+
+
+def test_a_model_without_positions_is_permutation_equivariant_and_one_with_them_is_not():
+    x, _ = odd_one_out(3, gen())
+    perm = torch.randperm(x.shape[1], generator=gen(1))
+    for max_len, equivariant in [(None, True), (8, False)]:
+        torch.manual_seed(0)
+        model = TinyTransformer(16, 2, max_len=max_len)
+        with torch.no_grad():
+            gap = (model(x[:, perm]) - model(x)[:, perm]).abs().max()
+        assert (gap < 1e-5) == equivariant, gap
