@@ -3,6 +3,8 @@
 memory, Triton kernel launches and bytes, the PyTorch operators a launcher
 used, the calls a function makes to a helper. They return what they saw; the
 grader decides what it means. Nothing here knows an expected answer."""
+import contextlib
+
 import numpy as np
 
 from coursekit.memory import numpy_bytes_peak, traced_peak  # noqa: F401  (traced_peak is asked for by name)
@@ -93,15 +95,47 @@ def _nbytes(t):
     return t.numel() * t.element_size()
 
 
-def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what):
+@contextlib.contextmanager
+def _flipped_loads(tensor, signs):
+    """Under the interpreter: every element a Triton kernel loads from `tensor`'s
+    memory comes back multiplied by the matching entry of `signs` (+1 or -1, the
+    tensor's shape). What the kernels compute then follows these changed values,
+    while anything computed on the host from the tensor itself does not."""
+    if signs is None:
+        yield
+        return
+    from triton.runtime import interpreter
+
+    builder = interpreter.InterpreterBuilder
+    original = builder.create_masked_load
+    base, size = tensor.data_ptr(), tensor.element_size()
+    flat = np.ascontiguousarray(np.asarray(signs).reshape(-1))
+
+    def masked_load(self, ptrs, mask, other, *rest):
+        result = original(self, ptrs, mask, other, *rest)
+        offset = np.asarray(ptrs.data).astype(np.int64) - base
+        inside = np.asarray(mask.data, dtype=bool) & (offset >= 0) & (offset < flat.size * size)
+        if inside.any():
+            result.data[inside] = result.data[inside] * flat[offset[inside] // size].astype(result.data.dtype)
+        return result
+
+    builder.create_masked_load = masked_load
+    try:
+        yield
+    finally:
+        builder.create_masked_load = original
+
+
+def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what, flip_k=None):
     """Run the student's backward launcher under the kernel trace and the operator
-    recorder. Returns (dq, dk, dv) as given back (checked by the grader)."""
+    recorder (and, given flip_k, with the signs of the keys the kernels load
+    flipped there). Returns (dq, dk, dv) as given back (checked by the grader)."""
     import torch
 
     from coursekit.triton_trace import trace_kernels
 
     kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
-    with trace_kernels() as trace, _operator_recorder() as ops:
+    with trace_kernels() as trace, _operator_recorder() as ops, _flipped_loads(k, flip_k):
         grads = call(flash_attention_backward, q, k, v, o, lse, do, what=what, **kwargs)
         if q.is_cuda:
             torch.cuda.synchronize()
@@ -120,9 +154,10 @@ def cuda_backward_peak(flash_attention_backward, q, k, v, o, lse, do, what):
     return grads, torch.cuda.max_memory_allocated() - base
 
 
-def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_scale, what):
+def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_scale, what, flip_k=None):
     """Run the student's decoding launcher under the kernel trace and the operator
-    recorder, noting the number of programs of every launch.
+    recorder (and, given flip_k, with the signs of the cached keys the kernels
+    load flipped there), noting the number of programs of every launch.
     Returns (output, list of (kernel name, programs))."""
     import math
 
@@ -157,7 +192,7 @@ def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_sca
     setattr(owner, name, recording)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     try:
-        with trace_kernels() as trace, _operator_recorder() as ops:
+        with trace_kernels() as trace, _operator_recorder() as ops, _flipped_loads(k_cache, flip_k):
             out = call(decode_attention, q, k_cache, v_cache, cache_lens, what=what, **kwargs)
             if q.is_cuda:
                 torch.cuda.synchronize()

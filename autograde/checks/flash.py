@@ -3,19 +3,25 @@ backward pass in NumPy and in Triton, its HBM traffic, and split-K decoding.
 
 The NumPy exercises are compared with autograde.reference.flash over many shapes.
 The Triton launchers are graded for output, memory and for being kernels: every
-call runs in the student's process under autograde.triton_trace (kernel
+call runs in the student's process under coursekit.triton_trace (kernel
 launches, and under the interpreter the bytes each kernel loads and stores) and
-a PyTorch dispatch mode that records the operators the launcher uses. Expected
-answers are computed from private float64 copies before the student is called."""
+a PyTorch dispatch mode that records the operators the launcher uses. Under
+the interpreter, one call per check also flips the signs of the keys as the
+kernels load them, and the results must follow (a launcher that computes on
+the host and has a kernel copy the answer out cannot). Expected answers are
+computed from private float64 copies before the student is called."""
+
+import secrets
 
 import numpy as np
 
 from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
                                expect_sequence)
 from autograde.memory import traced_peak
-from autograde.sandbox import in_student_process
-from student_runtime import probes
 from autograde.reference import flash as ref
+from autograde.sandbox import in_student_process
+from coursekit.triton_trace import interpreting
+from student_runtime import probes
 
 RNG_SEED = 20264
 
@@ -216,7 +222,19 @@ def _device_and_dtype(dtype):
     return device, dtype or (torch.float16 if device == "cuda" else torch.float32)
 
 
-def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0):
+def _random_signs(shape):
+    """+1 or -1 at random for every element; fresh each run, so that nothing in
+    the student's process can know it ahead."""
+    return np.random.default_rng(secrets.randbits(64)).choice(np.array([-1.0, 1.0]), size=tuple(shape))
+
+
+FOLLOW_HINT = ("While this call ran, the grader changed the signs of some keys as your kernels loaded them; what your "
+               "kernels compute follows such a change, anything computed outside them (on the host, by NumPy or "
+               "PyTorch, or before the launch) does not. Compute the results in your kernels from what they load.")
+
+
+def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
+               follow=False):
     import torch
 
     device, dtype = _device_and_dtype(dtype)
@@ -251,6 +269,21 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
         scale = max(1.0, float(np.abs(want).max()))       # gradients summed over many keys grow with n
         expect_close(value.detach().double().cpu().numpy(), want, what=f"{what}: {name}", rtol=rtol,
                      atol=atol * scale, hint=BWD_HINT)
+    if follow and interpreting() and dtype == torch.float32:
+        signs = _random_signs(k.shape)
+        flipped = k64 * signs
+        # P from the given log-sum-exp, or from one the kernels recompute over the keys they load.
+        accepted = [ref.attention_backward(q64, flipped, v64, do64, causal, sm_scale, o=o64, lse=lse64),
+                    ref.attention_backward(q64, flipped, v64, do64, causal, sm_scale, o=o64)]
+        found = in_student_process(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do,
+                                   causal, sm_scale, what, flip_k=signs)
+        grads = [g.detach().double().cpu().numpy() if isinstance(g, torch.Tensor) else None for g in found]
+        def close(g, w):
+            return g is not None and g.shape == w.shape and np.allclose(g, w, rtol=rtol,
+                                                                        atol=atol * max(1.0, np.abs(w).max()))
+
+        if not any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted):
+            raise GradingFailure(f"{what}: the gradients do not follow the keys your kernels loaded. {FOLLOW_HINT}")
 
 
 def check_bwd_output(flash_attention_backward):
@@ -260,7 +293,7 @@ def check_bwd_output(flash_attention_backward):
 
     device, _ = _device_and_dtype(None)
     for i, shape in enumerate([(1, 1, 1, 64, 16), (1, 2, 2, 64, 32), (2, 1, 1, 64, 64), (1, 1, 1, 32, 128)]):
-        _check_bwd(flash_attention_backward, shape, seed=700 + i)
+        _check_bwd(flash_attention_backward, shape, seed=700 + i, follow=i == 0)
     _check_bwd(flash_attention_backward, (1, 2, 2, 64, 32), seed=750, dtype=torch.float16)
     if device == "cuda":
         _check_bwd(flash_attention_backward, (2, 2, 2, 128, 64), seed=751, dtype=torch.bfloat16)
@@ -272,7 +305,7 @@ def check_bwd_ragged_causal(flash_attention_backward):
                                          ((1, 2, 2, 5, 16), False), ((2, 1, 1, 17, 32), True),
                                          ((1, 1, 1, 33, 64), True), ((1, 1, 1, 67, 16), False),
                                          ((1, 2, 2, 64, 32), True), ((1, 1, 1, 96, 16), True)]):
-        _check_bwd(flash_attention_backward, shape, causal, seed=800 + i)
+        _check_bwd(flash_attention_backward, shape, causal, seed=800 + i, follow=i == 3)
 
 
 def check_bwd_scale(flash_attention_backward):
@@ -281,7 +314,8 @@ def check_bwd_scale(flash_attention_backward):
             ((1, 1, 1, 64, 32), False, 0.05, 1.0), ((1, 2, 2, 64, 16), True, 1.0, 1.0),
             ((1, 1, 1, 40, 64), False, 0.3, 1.0), ((1, 1, 1, 64, 16), False, None, 8.0),
             ((1, 1, 1, 48, 32), True, None, 6.0)]):
-        _check_bwd(flash_attention_backward, shape, causal, sm_scale, seed=900 + i, magnitude=magnitude)
+        _check_bwd(flash_attention_backward, shape, causal, sm_scale, seed=900 + i, magnitude=magnitude,
+                   follow=i == 0)
 
 
 def check_bwd_gqa(flash_attention_backward):
@@ -289,7 +323,7 @@ def check_bwd_gqa(flash_attention_backward):
     must add up the query heads of each group."""
     for i, (shape, causal) in enumerate([((1, 4, 2, 40, 16), False), ((2, 4, 1, 33, 32), True),
                                          ((1, 6, 3, 64, 16), True)]):
-        _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i)
+        _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i, follow=i == 0)
 
 
 def bwd_overhead_allowance(d, element_size):
@@ -351,7 +385,8 @@ DECODE_HINT = ("Query head h reads key/value head h // (H_q // H_kv); only the f
                "sequence b count; each chunk stores its (m, l, o), and the merge weighs o_c by l_c * exp(m_c - m).")
 
 
-def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm_scale=None, *, seed, dtype=None):
+def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm_scale=None, *, seed, dtype=None,
+                  follow=False):
     import torch
 
     device, dtype = _device_and_dtype(dtype)
@@ -376,6 +411,15 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
                              f"{describe(out) if not isinstance(out, torch.Tensor) else f'{out.dtype} {tuple(out.shape)}'}.")
     rtol, atol = _tolerances(dtype)
     expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=rtol, atol=atol, hint=DECODE_HINT)
+    if follow and interpreting() and dtype == torch.float32:
+        signs = _random_signs(k_cache.shape)
+        want = ref.decode_attention(q.double().numpy(), k_cache.double().numpy() * signs, v_cache.double().numpy(),
+                                    lens, sm_scale)
+        out, _ = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
+                                    sm_scale, what, flip_k=signs)
+        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want.shape
+                and np.allclose(out.detach().double().cpu().numpy(), want, rtol=rtol, atol=atol)):
+            raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. {FOLLOW_HINT}")
     return grids
 
 
@@ -388,7 +432,7 @@ def check_decode_output(decode_attention):
     for i, (batch, heads, kv_heads, max_len, d, lens, scale) in enumerate([
             (1, 1, 1, 1, 16, [1], None), (2, 2, 2, 40, 32, [40, 7], None), (3, 4, 2, 100, 64, [1, 100, 65], None),
             (1, 8, 1, 300, 16, [257], 0.5), (2, 4, 4, 64, 128, [64, 33], None), (2, 6, 3, 130, 32, [129, 2], 0.1)]):
-        _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i)
+        _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i, follow=i == 2)
     _check_decode(decode_attention, 2, 4, 2, 96, 32, [96, 50], seed=1250, dtype=torch.float16)
     if device == "cuda":
         _check_decode(decode_attention, 2, 8, 2, 4096, 128, [4096, 1000], seed=1251, dtype=torch.bfloat16)

@@ -107,10 +107,14 @@ def _expand_heads(x, heads):
     return np.repeat(x, heads // x.shape[-3], axis=-3) if x.ndim >= 3 and x.shape[-3] != heads else x
 
 
-def attention_backward(q, k, v, do, causal=False, sm_scale=None):
+def attention_backward(q, k, v, do, causal=False, sm_scale=None, o=None, lse=None):
     """(dq, dk, dv) of o = softmax(scale q k^T) v for the upstream gradient do, dense,
     in float64. k and v may have fewer heads than q on axis -3 (grouped-query
-    attention); dk and dv are then summed over each group of query heads."""
+    attention); dk and dv are then summed over each group of query heads.
+
+    Given o and lse (from a forward pass), P is exp(scale q k^T - lse) and D is
+    rowsum(do * o), as a FlashAttention backward computes them from what it is
+    handed, even when k is not the k they came from."""
     q, k, v, do = (np.asarray(a, dtype=np.float64) for a in (q, k, v, do))
     scale = 1.0 / math.sqrt(q.shape[-1]) if sm_scale is None else float(sm_scale)
     heads = q.shape[-3] if q.ndim >= 3 else None
@@ -118,9 +122,12 @@ def attention_backward(q, k, v, do, causal=False, sm_scale=None):
     s = q @ np.swapaxes(ke, -1, -2) * scale
     if causal:
         s = np.where(np.tril(np.ones(s.shape[-2:], dtype=bool)), s, -np.inf)
-    p = np.exp(s - s.max(axis=-1, keepdims=True))
-    p /= p.sum(axis=-1, keepdims=True)
-    o = p @ ve
+    if lse is None:
+        p = np.exp(s - s.max(axis=-1, keepdims=True))
+        p /= p.sum(axis=-1, keepdims=True)
+    else:
+        p = np.exp(s - np.asarray(lse, dtype=np.float64)[..., None])
+    o = p @ ve if o is None else np.asarray(o, dtype=np.float64)
     dv = np.swapaxes(p, -1, -2) @ do
     dp = do @ np.swapaxes(ve, -1, -2)
     ds = p * (dp - (do * o).sum(axis=-1, keepdims=True))

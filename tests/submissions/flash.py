@@ -148,7 +148,62 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
     return tuple(grads)
 """}
 
+# The same computed by NumPy on the host: no PyTorch operator to see, so only the kernels'
+# loads can tell that the gradients do not come from the kernel.
+BWD_GRADS_IN_NUMPY = {"flash_attention_backward": """
+import numpy as np
+
+@triton.jit
+def _copy(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    group = q.shape[1] // k.shape[1]
+    scale = sm_scale or q.shape[-1] ** -0.5
+    qf, dof, of, lf = (t.detach().cpu().double().numpy() for t in (q, do, o, lse))
+    keys, values = (np.repeat(t.detach().cpu().double().numpy(), group, axis=1) for t in (k, v))
+    p = np.exp(qf @ keys.swapaxes(-1, -2) * scale - lf[..., None])   # Bug: NumPy computes the gradients
+    if causal:
+        p = p * np.tri(p.shape[-1])
+    ds = p * (dof @ values.swapaxes(-1, -2) - (dof * of).sum(-1, keepdims=True))
+    fold = lambda t: t.reshape(t.shape[0], -1, group, *t.shape[2:]).sum(2)
+    results = (ds @ keys * scale, fold(ds.swapaxes(-1, -2) @ qf * scale), fold(p.swapaxes(-1, -2) @ dof))
+    grads = [torch.empty_like(t) for t in (q, k, v)]
+    for src, dst in zip(results, grads):
+        src = torch.from_numpy(np.ascontiguousarray(src)).to(device=dst.device, dtype=dst.dtype)
+        _copy[(triton.cdiv(src.numel(), 1024),)](src, dst, src.numel(), BLOCK=1024)
+    return tuple(grads)
+"""}
+
 # --- decoding ------------------------------------------------------------------------------
+
+DECODE_IN_NUMPY = {"decode_attention": """
+import numpy as np
+
+@triton.jit
+def _copy(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
+    # Bug: NumPy decodes on the host; a kernel with many programs only copies the answer out.
+    qn, kn, vn = (t.detach().cpu().double().numpy() for t in (q, k_cache, v_cache))
+    group = q.shape[1] // k_cache.shape[1]
+    scale = sm_scale or q.shape[-1] ** -0.5
+    out = np.empty_like(qn)
+    for b, length in enumerate(cache_lens.tolist()):
+        for h in range(q.shape[1]):
+            s = kn[b, h // group, :length] @ qn[b, h] * scale
+            w = np.exp(s - s.max())
+            out[b, h] = w @ vn[b, h // group, :length] / w.sum()
+    src = torch.from_numpy(out).to(device=q.device, dtype=q.dtype)
+    dst = torch.empty_like(q)
+    _copy[(triton.cdiv(src.numel(), 16),)](src, dst, src.numel(), BLOCK=16)
+    return dst
+"""}
 
 DECODE_ONE_PROGRAM_PER_HEAD = edit("decode_attention", "chunk = 64",
                                    "chunk = triton.next_power_of_2(max_len)  # Bug: one chunk, one program per head")
@@ -186,6 +241,8 @@ BUGGY = {
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS),
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
+    "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
+    "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
 }
 
