@@ -53,6 +53,23 @@ def merge_softmax_states(m, l, o):
     return top, total, acc
 """
 
+# The book's one-row merge folded over every row: the book shows it as page code only,
+# so the import fails (and the grader's tripwire flags any bookutils import).
+MERGE_FROM_BOOK = """
+import functools
+
+from bookutils.decoding import merge_two
+
+
+def merge_softmax_states(m, l, o):
+    m, l, o = (np.asarray(a, dtype=np.float64) for a in (m, l, o))
+    out_m, out_l, out_o = np.empty(m.shape[1:]), np.empty(m.shape[1:]), np.empty(o.shape[1:])
+    for row in np.ndindex(m.shape[1:]):
+        states = [(m[(c,) + row], l[(c,) + row], o[(c,) + row]) for c in range(m.shape[0])]
+        out_m[row], out_l[row], out_o[row] = functools.reduce(merge_two, states)
+    return out_m, out_l, out_o
+"""
+
 # --- the backward pass in NumPy ---------------------------------------------------------
 
 TILED_D_FROM_TILE = _edit("tiled_attention_backward", "ds = p * (dp - delta[..., rows, None])",
@@ -229,6 +246,7 @@ BWD_CAUSAL_CELLS = {"test_flash_attention_backward", "test_bwd_ragged_causal_hid
 
 BUGGY = {
     "merge_adds_o_without_rescaling": ({"merge_softmax_states": MERGE_NOT_RESCALED}, MERGE_CELLS),
+    "merge_imports_the_books_helper": ({"merge_softmax_states": MERGE_FROM_BOOK}, MERGE_CELLS),
     "tiled_bwd_d_from_one_tile": ({"tiled_attention_backward": TILED_D_FROM_TILE}, TILED_CELLS),
     "tiled_bwd_p_without_lse": ({"tiled_attention_backward": TILED_P_WITHOUT_LSE}, {"test_tiled_bwd_extreme_hidden"}),
     "tiled_bwd_strip_of_p": ({"tiled_attention_backward": TILED_STRIP},
