@@ -1,9 +1,10 @@
 """The backward pass of attention for one head, in NumPy (Chapter 4).
 
-Dense gradients from the stored probabilities P, and FlashAttention's backward
-in its two-pass tiled form: P is recomputed one tile at a time from the queries,
-the keys and the log-sum-exp that the forward pass stored, so no N x N array
-ever exists. Single head, no mask: the page on the backward pass shows these."""
+Dense gradients from the stored probabilities P, and the first (dK, dV) pass
+of FlashAttention's two-pass tiled backward: P is recomputed one tile at a time
+from the queries, the keys and the log-sum-exp that the forward pass stored, so
+no N x N array ever exists. Single head, no mask: the page on the backward pass
+shows these."""
 import math
 
 import numpy as np
@@ -31,38 +32,26 @@ def dense_backward(q, k, v, do):
     return scale * ds @ k, scale * ds.T @ q, p.T @ do
 
 
-def tiled_backward(q, k, v, o, do, lse, block_q, block_k):
-    """(dQ, dK, dV) from the forward's O and lse, one block_q x block_k tile of P at a time.
-
-    First pass: one key block at a time (a program of the dK, dV kernel), summing
-    over every query block. Second pass: one query block at a time (a program of
-    the dQ kernel), summing over every key block. Each tile of P is recomputed
-    from lse, exactly normalised, with no running maximum."""
+def tiled_dkdv(q, k, v, o, do, lse, block_q, block_k):
+    """(dK, dV) from the forward's O and lse, one block_q x block_k tile of P at a time:
+    the first pass of the two-pass backward. One key block at a time (a program
+    of the dK, dV kernel) keeps its dK and dV while every query block streams
+    past. Each tile of P is recomputed from lse, exactly normalised, with no
+    running maximum. (The dQ pass runs the loops the other way round.)"""
     n_q, n_k = q.shape[0], k.shape[0]
     scale = 1.0 / math.sqrt(q.shape[1])
     delta = np.sum(do * o, axis=1)                     # D_i = sum_j P_ij dP_ij
-    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
-
-    def tile(top, left):
-        """P, dS of the tile rows top.., columns left.."""
-        bottom, right = min(top + block_q, n_q), min(left + block_k, n_k)
-        p = np.exp(q[top:bottom] @ k[left:right].T * scale - lse[top:bottom, None])
-        dp = do[top:bottom] @ v[left:right].T
-        return p, p * (dp - delta[top:bottom, None])
-
-    for left in range(0, n_k, block_k):                # dK, dV pass
+    dk, dv = np.zeros_like(k), np.zeros_like(v)
+    for left in range(0, n_k, block_k):
         right = min(left + block_k, n_k)
         for top in range(0, n_q, block_q):
             bottom = min(top + block_q, n_q)
-            p, ds = tile(top, left)
+            p = np.exp(q[top:bottom] @ k[left:right].T * scale - lse[top:bottom, None])
+            dp = do[top:bottom] @ v[left:right].T
+            ds = p * (dp - delta[top:bottom, None])
             dv[left:right] += p.T @ do[top:bottom]
             dk[left:right] += scale * ds.T @ q[top:bottom]
-    for top in range(0, n_q, block_q):                 # dQ pass
-        bottom = min(top + block_q, n_q)
-        for left in range(0, n_k, block_k):
-            _, ds = tile(top, left)
-            dq[top:bottom] += scale * ds @ k[left:min(left + block_k, n_k)]
-    return dq, dk, dv
+    return dk, dv
 
 
 def backward_flops(n, d, recompute=True):
