@@ -17,9 +17,11 @@ def interpreting():
 
 
 class KernelTrace:
-    """Counts per kernel name: launches, bytes loaded, bytes stored."""
+    """Counts per kernel name: launches, bytes loaded, bytes stored; and the
+    modules that define the launched kernels."""
 
     def __init__(self):
+        self.modules = set()
         self.launches = collections.Counter()
         self.loaded = collections.Counter()
         self.stored = collections.Counter()
@@ -65,6 +67,7 @@ def trace_kernels():
         def launch(original):
             def run(self, *args, **kwargs):
                 trace.launches[self.fn.__name__] += 1
+                trace.modules.add(getattr(self.fn, "__module__", None))
                 outer, trace._current = trace._current, self.fn.__name__
                 try:
                     return original(self, *args, **kwargs)
@@ -102,6 +105,7 @@ def trace_kernels():
             def run(self, *args, **kwargs):
                 if not kwargs.get("warmup", False):
                     trace.launches[self.fn.__name__] += 1
+                    trace.modules.add(getattr(self.fn, "__module__", None))
                 return original(self, *args, **kwargs)
             return run
 

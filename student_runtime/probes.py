@@ -69,6 +69,10 @@ def _checked_kernels(what, ops, trace, stored_at_least, loaded_at_least):
                              "kernels; the launcher may only allocate buffers and launch them.")
     if trace.total_launches == 0:
         raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
+    borrowed = sorted(m for m in trace.modules if m and m.split(".")[0] in ("bookutils", "coursekit"))
+    if borrowed:
+        raise GradingFailure(f"{what} launched kernels of the book's modules ({', '.join(borrowed)}): the exercise "
+                             "asks for kernels you write; define them with @triton.jit in your notebook.")
     if interpreting() and (trace.bytes_stored < stored_at_least or trace.bytes_loaded < loaded_at_least):
         raise GradingFailure(
             f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "

@@ -194,6 +194,37 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
     return tuple(grads)
 """}
 
+# The book's staged kernels (its tiled product, row dot and dS kernels) with P held as an
+# N x N matrix: every product runs in a Triton kernel, but the kernels are the book's.
+BWD_BOOK_KERNELS = {"flash_attention_backward": """
+from bookutils.staged_backward import BLOCK, _product, _row_dot_kernel, _score_grad_kernel
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    batch, heads, n, d = q.shape
+    group = heads // k.shape[1]
+    scale = sm_scale or d ** -0.5
+    dq, dk, dv = (torch.zeros(t.shape, device=t.device, dtype=torch.float32) for t in (q, k, v))
+    for b in range(batch):
+        for h in range(heads):
+            qf, of, dof = (t[b, h].float().contiguous() for t in (q, o, do))
+            kf, vf = (t[b, h // group].float().contiguous() for t in (k, v))
+            s = _product(qf, kf.T, scale)
+            if causal:
+                s = s.masked_fill(torch.ones(n, n, dtype=torch.bool, device=q.device).triu(1), float("-inf"))
+            p = torch.exp(s - lse[b, h][:, None].float())   # Bug: the book's kernels and an N x N P
+            delta = torch.empty(n, device=q.device, dtype=torch.float32)
+            _row_dot_kernel[(triton.cdiv(n, BLOCK),)](of, dof, delta, n, d, BLOCK_M=BLOCK,
+                                                      HEAD=max(16, triton.next_power_of_2(d)))
+            dp = _product(dof, vf.T)
+            ds = torch.empty_like(dp)
+            _score_grad_kernel[(n,)](p, dp, delta, ds, n, ROW=max(16, triton.next_power_of_2(n)))
+            dq[b, h] += _product(ds, kf, scale)
+            dk[b, h // group] += _product(ds.T, qf, scale)
+            dv[b, h // group] += _product(p.T, dof)
+    return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
+"""}
+
 # --- decoding ------------------------------------------------------------------------------
 
 DECODE_IN_NUMPY = {"decode_attention": """
@@ -260,6 +291,7 @@ BUGGY = {
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
+    "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
     "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
 }
