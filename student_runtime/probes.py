@@ -161,16 +161,17 @@ def cuda_backward_peak(flash_attention_backward, q, k, v, o, lse, do, what):
 def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_scale, what, flip_k=None):
     """Run the student's decoding launcher under the kernel trace and the operator
     recorder (and, given flip_k, with the signs of the cached keys the kernels
-    load flipped there), noting the number of programs of every launch.
-    Returns (output, list of (kernel name, programs))."""
+    load flipped there), noting every launch. Returns (output, launches): one
+    (programs, bytes loaded, bytes stored) per launch, in order; the bytes are
+    counted under the interpreter only (None on a GPU)."""
     import math
 
     import torch
 
     from coursekit.triton_trace import interpreting, trace_kernels
 
-    grids = []
-    names = []
+    launches = []
+    traces = []
     if interpreting():
         from triton.runtime import interpreter
 
@@ -178,7 +179,10 @@ def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_sca
         original = owner.set_grid_dim
 
         def recording(self, nx, ny, nz):
-            grids.append(nx * ny * nz)
+            # The interpreter runs one launch at a time: what the trace counts from
+            # here to the next launch is this launch's.
+            trace = traces[0]
+            launches.append([nx * ny * nz, trace.bytes_loaded, trace.bytes_stored])
             return original(self, nx, ny, nz)
     else:
         import triton.runtime.jit as jit
@@ -190,21 +194,27 @@ def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_sca
             if not warmup:
                 shape = grid(kwargs) if callable(grid) else grid
                 shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-                grids.append(math.prod(int(g) for g in shape))
-                names.append(self.fn.__name__)
+                launches.append([math.prod(int(g) for g in shape), None, None])
             return original(self, *args, grid=grid, warmup=warmup, **kwargs)
     setattr(owner, name, recording)
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     try:
         with trace_kernels() as trace, _operator_recorder() as ops, _flipped_loads(k_cache, flip_k):
+            traces.append(trace)
             out = call(decode_attention, q, k_cache, v_cache, cache_lens, what=what, **kwargs)
             if q.is_cuda:
                 torch.cuda.synchronize()
     finally:
         setattr(owner, name, original)
+    if interpreting():
+        ends = [(later[1], later[2]) for later in launches[1:]] + [(trace.bytes_loaded, trace.bytes_stored)]
+        launches = [(programs, end[0] - loaded, end[1] - stored)
+                    for (programs, loaded, stored), end in zip(launches, ends)]
+    else:
+        launches = [tuple(launch) for launch in launches]
     stored = _nbytes(out) if isinstance(out, torch.Tensor) else _nbytes(q)
     _checked_kernels(what, ops, trace, stored, _nbytes(q))
-    return out, grids
+    return out, launches
 
 
 def torch_operators_used(fn, *args, what):

@@ -400,8 +400,8 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
     originals = [t.clone() for t in (q, k_cache, v_cache, cache_lens)]
     what = (f"decode_attention(q of shape {tuple(q.shape)}, caches of shape {tuple(k_cache.shape)}, cache_lens={lens}, "
             f"{dtype}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + ")")
-    out, grids = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
-                                    sm_scale, what)
+    out, launches = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
+                                       sm_scale, what)
     for name, before, after in zip(("q", "k_cache", "v_cache", "cache_lens"), originals,
                                    (q, k_cache, v_cache, cache_lens)):
         if not torch.equal(before, after):
@@ -420,7 +420,7 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
         if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want.shape
                 and np.allclose(out.detach().double().cpu().numpy(), want, rtol=rtol, atol=atol)):
             raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. {FOLLOW_HINT}")
-    return grids
+    return launches
 
 
 def check_decode_output(decode_attention):
@@ -439,13 +439,34 @@ def check_decode_output(decode_attention):
 
 
 def check_decode_split(decode_attention):
-    """A long cache (2048 positions) for 2 sequences of 4 query heads: the work must be split
-    along the cache, more programs than (sequence, query head) pairs in one launch."""
-    batch, heads = 2, 4
-    grids = _check_decode(decode_attention, batch, heads, 2, 2048, 64, [2048, 1500], seed=1300)
+    """A long cache (2048 and 1500 positions) for 2 sequences of 4 query heads: the launch that
+    reads the cache and reduces it must have more programs than (sequence, query head) pairs.
+    Under the interpreter that launch is found by its bytes: it loads at least a quarter of the
+    valid cache and stores less than a quarter of what it loads (a copy or a cast of the cache
+    stores as much as it loads, and does not count); on a GPU, the largest grid must be split."""
+    import torch
+
+    batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 2048, 64, [2048, 1500]
+    launches = _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, seed=1300)
+    advice = ("one program then reads a whole cache alone while the rest of the GPU idles. Split the cache into "
+              "chunks, one program per (chunk, sequence, head), then merge the chunks' partial states.")
+    if launches and launches[0][1] is not None:
+        _, dtype = _device_and_dtype(None)
+        cache = 2 * sum(lens) * kv_heads * d * torch.empty(0, dtype=dtype).element_size()
+        reading = [(p, ld, st) for p, ld, st in launches if 4 * ld >= cache and 4 * st < ld]
+        if not reading:
+            raise GradingFailure(
+                f"decode_attention on caches of {lens} positions: no kernel launch read the cache and reduced it "
+                f"(launches as (programs, bytes loaded, bytes stored): {launches}; the valid cache holds {cache} "
+                "bytes). The attention over the cache must run in your kernels.")
+        small = [p for p, _, _ in reading if p <= batch * heads]
+        if small:
+            raise GradingFailure(
+                f"decode_attention on caches of {lens} positions: the kernel that reads the cache ran {small[0]} "
+                f"programs, no more than one per (sequence, query head) ({batch * heads}): " + advice)
+        return
+    grids = [p for p, _, _ in launches]
     if not grids or max(grids) <= batch * heads:
         raise GradingFailure(
-            f"decode_attention on a cache of 2048 positions launched grids of {grids} programs, never more than one "
-            f"program per (sequence, query head) ({batch * heads}): one program then reads the whole cache alone "
-            "while the rest of the GPU idles. Split the cache into chunks, one program per (chunk, sequence, head), "
-            "then merge the chunks' partial states.")
+            f"decode_attention on a cache of {max_len} positions launched grids of {grids} programs, never more than "
+            f"one program per (sequence, query head) ({batch * heads}): " + advice)

@@ -256,6 +256,21 @@ def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
 DECODE_ONE_PROGRAM_PER_HEAD = edit("decode_attention", "chunk = 64",
                                    "chunk = triton.next_power_of_2(max_len)  # Bug: one chunk, one program per head")
 
+# One program per head reads the cache; a copy kernel with a large grid runs first, so the
+# largest grid of the call is large although the reading is not split.
+DECODE_COPY_THEN_UNSPLIT = {"decode_attention": """
+@triton.jit
+def _copy(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+""" + _edit("decode_attention", "chunk = 64", """copies = [torch.empty_like(t) for t in (k_cache, v_cache)]
+    for src, dst in zip((k_cache, v_cache), copies):   # Bug: only this copy runs on many programs
+        _copy[(triton.cdiv(src.numel(), 256),)](src, dst, src.numel(), BLOCK=256)
+    k_cache, v_cache = copies
+    chunk = triton.next_power_of_2(max_len)""")}
+
 STYLE_DECODE_TORCH_MERGE = {"decode_attention": _edit(
     "decode_attention",
     """    out = torch.empty_like(q)
@@ -292,8 +307,9 @@ BUGGY = {
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
     "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
-    "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden"}),
+    "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden", "test_decode_split_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
+    "decode_copy_kernel_then_one_program_per_head": (DECODE_COPY_THEN_UNSPLIT, {"test_decode_split_hidden"}),
 }
 
 CORRECT = {
