@@ -4,7 +4,11 @@
 The interpreter executes every tl.load / tl.store through one builder object;
 wrapping its masked load and store counts exactly the elements a kernel moves
 (masked-off lanes move nothing); an atomic read-modify-write (tl.atomic_add)
-counts as one load and one store of its lanes. On a GPU only launches are counted."""
+counts as one load and one store of its lanes. The interpreter runs the programs
+of a launch one after another, where a GPU runs them at once: the trace also
+counts the addresses that more than one program of a launch wrote with plain
+(non-atomic) stores, whose result on a GPU depends on which program wins. On a
+GPU only launches are counted."""
 import collections
 import contextlib
 import os
@@ -23,6 +27,8 @@ class KernelTrace:
     def __init__(self):
         self.modules = set()
         self.launches = collections.Counter()
+        self.shared_stores = collections.Counter()     # addresses written by several programs of a launch
+        self._stores = None
         self.loaded = collections.Counter()
         self.stored = collections.Counter()
         self._current = None
@@ -48,6 +54,17 @@ def _moved_bytes(mask, data):
     return int(np.count_nonzero(mask)) * np.asarray(data).dtype.itemsize
 
 
+def _shared_addresses(stores):
+    """How many addresses of [(addresses, program), ...] were written by more than one program."""
+    if not stores:
+        return 0
+    addresses = np.concatenate([a for a, _ in stores])
+    programs = np.concatenate([np.full(a.size, p, dtype=np.int64) for a, p in stores])
+    pairs = np.unique(np.stack([addresses, programs]), axis=1)
+    _, counts = np.unique(pairs[0], return_counts=True)
+    return int(np.count_nonzero(counts > 1))
+
+
 @contextlib.contextmanager
 def trace_kernels():
     """Context manager yielding a KernelTrace filled in while it is active."""
@@ -69,10 +86,13 @@ def trace_kernels():
                 trace.launches[self.fn.__name__] += 1
                 trace.modules.add(getattr(self.fn, "__module__", None))
                 outer, trace._current = trace._current, self.fn.__name__
+                outer_stores, trace._stores = trace._stores, []
                 try:
-                    return original(self, *args, **kwargs)
+                    result = original(self, *args, **kwargs)
+                    trace.shared_stores[self.fn.__name__] += _shared_addresses(trace._stores)
+                    return result
                 finally:
-                    trace._current = outer
+                    trace._current, trace._stores = outer, outer_stores
             return run
 
         def load(original):
@@ -85,6 +105,12 @@ def trace_kernels():
         def store(original):
             def masked_store(self, ptrs, value, mask, *rest):
                 trace.stored[trace._current] += _moved_bytes(mask.data, value.data)
+                if trace._stores is not None:
+                    x, y, z = self.grid_idx
+                    program = (x * self.grid_dim[1] + y) * self.grid_dim[2] + z
+                    where = np.asarray(ptrs.data, dtype=np.int64)[np.broadcast_to(np.asarray(mask.data, bool),
+                                                                                  np.shape(ptrs.data))]
+                    trace._stores.append((where.ravel(), program))
                 return original(self, ptrs, value, mask, *rest)
             return masked_store
 

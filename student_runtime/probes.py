@@ -73,6 +73,14 @@ def _checked_kernels(what, ops, trace, stored_at_least, loaded_at_least):
     if borrowed:
         raise GradingFailure(f"{what} launched kernels of the book's modules ({', '.join(borrowed)}): the exercise "
                              "asks for kernels you write; define them with @triton.jit in your notebook.")
+    shared = {name: count for name, count in trace.shared_stores.items() if count}
+    if interpreting() and shared:
+        name, count = next(iter(shared.items()))
+        raise GradingFailure(
+            f"{what}: in one launch of {name}, {count} addresses were written with tl.store by more than one "
+            "program. On a GPU the programs of a launch run at the same time, so such writes (and a "
+            "tl.load followed by tl.store of a sum) lose each other's updates. Give every program its own "
+            "outputs, or add into shared ones with tl.atomic_add.")
     if interpreting() and (trace.bytes_stored < stored_at_least or trace.bytes_loaded < loaded_at_least):
         raise GradingFailure(
             f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "

@@ -138,6 +138,12 @@ BWD_DQ_WITHOUT_ATOMICS = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.r
     "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
     "tl.store(DQ + q_where, dq_part, mask=q_mask)  # Bug: each key block overwrites the others' share of dQ"))
 
+# A read-modify-write of dQ with a plain load and store: right when programs run one after
+# another (the interpreter), updates lost when they run at once (a GPU).
+BWD_DQ_LOAD_ADD_STORE = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.replace(
+    "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
+    "tl.store(DQ + q_where, tl.load(DQ + q_where, mask=q_mask) + dq_part, mask=q_mask)  # Bug: not atomic"))
+
 BWD_GQA_NOT_SUMMED = edit("bwd_dkdv_kernel", "for g in range(GROUP):",
                           "for g in range(1):  # Bug: only the first query head of each group")
 
@@ -302,6 +308,7 @@ BUGGY = {
     "bwd_dk_without_scale": (BWD_DK_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dq_without_scale": (BWD_DQ_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dq_accumulated_without_atomics": (BWD_DQ_WITHOUT_ATOMICS, BWD_HIDDEN | {"test_flash_attention_backward"}),
+    "bwd_dq_load_add_store_without_atomics": (BWD_DQ_LOAD_ADD_STORE, BWD_HIDDEN),
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS),
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
