@@ -66,8 +66,11 @@ def _shared_addresses(stores):
 
 
 @contextlib.contextmanager
-def trace_kernels():
-    """Context manager yielding a KernelTrace filled in while it is active."""
+def trace_kernels(shared_stores=True):
+    """Context manager yielding a KernelTrace filled in while it is active.
+    shared_stores=False skips the record of store addresses (under the
+    interpreter it holds every stored address of a launch: leave it off
+    while measuring the memory of the traced code)."""
     import triton.runtime.jit as jit
 
     trace = KernelTrace()
@@ -86,10 +89,11 @@ def trace_kernels():
                 trace.launches[self.fn.__name__] += 1
                 trace.modules.add(getattr(self.fn, "__module__", None))
                 outer, trace._current = trace._current, self.fn.__name__
-                outer_stores, trace._stores = trace._stores, []
+                outer_stores, trace._stores = trace._stores, [] if shared_stores else None
                 try:
                     result = original(self, *args, **kwargs)
-                    trace.shared_stores[self.fn.__name__] += _shared_addresses(trace._stores)
+                    if shared_stores:
+                        trace.shared_stores[self.fn.__name__] += _shared_addresses(trace._stores)
                     return result
                 finally:
                     trace._current, trace._stores = outer, outer_stores

@@ -138,16 +138,19 @@ def _flipped_loads(tensor, signs):
         builder.create_masked_load = original
 
 
-def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what, flip_k=None):
+def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what, flip_k=None,
+                         shared_stores=True):
     """Run the student's backward launcher under the kernel trace and the operator
     recorder (and, given flip_k, with the signs of the keys the kernels load
-    flipped there). Returns (dq, dk, dv) as given back (checked by the grader)."""
+    flipped there). Returns (dq, dk, dv) as given back (checked by the grader).
+    shared_stores=False leaves out the record of store addresses, for calls
+    whose memory is measured."""
     import torch
 
     from coursekit.triton_trace import trace_kernels
 
     kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
-    with trace_kernels() as trace, _operator_recorder() as ops, _flipped_loads(k, flip_k):
+    with trace_kernels(shared_stores) as trace, _operator_recorder() as ops, _flipped_loads(k, flip_k):
         grads = call(flash_attention_backward, q, k, v, o, lse, do, what=what, **kwargs)
         if q.is_cuda:
             torch.cuda.synchronize()
