@@ -58,10 +58,10 @@ def merge_softmax_states(m, l, o):
 MERGE_FROM_BOOK = """
 import functools
 
-from bookutils.decoding import merge_two
-
 
 def merge_softmax_states(m, l, o):
+    from bookutils.decoding import merge_two
+
     m, l, o = (np.asarray(a, dtype=np.float64) for a in (m, l, o))
     out_m, out_l, out_o = np.empty(m.shape[1:]), np.empty(m.shape[1:]), np.empty(o.shape[1:])
     for row in np.ndindex(m.shape[1:]):
