@@ -89,16 +89,24 @@ def _checked_kernels(what, ops, trace, stored_at_least, loaded_at_least):
 
 
 def _operator_recorder():
+    import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class OperatorNames(TorchDispatchMode):
         def __init__(self):
             super().__init__()
             self.names = set()
+            self.largest = 0            # bytes of the largest tensor an operator returned
+            self.shapes = set()         # the shapes of the tensors operators returned
 
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             self.names.add(func.overloadpacket.__name__)
-            return func(*args, **(kwargs or {}))
+            result = func(*args, **(kwargs or {}))
+            for out in result if isinstance(result, (tuple, list)) else (result,):
+                if isinstance(out, torch.Tensor):
+                    self.largest = max(self.largest, out.numel() * out.element_size())
+                    self.shapes.add(tuple(out.shape))
+            return result
 
     return OperatorNames()
 
@@ -155,6 +163,15 @@ def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, 
         if q.is_cuda:
             torch.cuda.synchronize()
     _checked_kernels(what, ops, trace, _nbytes(q) + _nbytes(k) + _nbytes(v), _nbytes(q) + _nbytes(do))
+    # With N > 2D no buffer the size of the inputs (or of a float32 copy) has N x N entries for
+    # every head, or two axes of length N: such a tensor holds P, dP or dS.
+    batch, heads, n, d = q.shape
+    square = [shape for shape in ops.shapes if sum(size == n for size in shape) >= 2]
+    if n > 2 * d and (square or ops.largest >= batch * heads * n * n * q.element_size()):
+        found = f"a tensor of shape {square[0]}" if square else f"a tensor of {ops.largest} bytes"
+        raise GradingFailure(
+            f"{what}: the launcher made {found}, the size of an N x N matrix (N = {n}). FlashAttention's backward "
+            "keeps P, dP and dS as tiles inside the kernels: allocate only buffers of the size of the inputs.")
     return grads
 
 

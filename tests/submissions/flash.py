@@ -231,6 +231,15 @@ def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
     return dq.to(q.dtype), dk.to(k.dtype), dv.to(v.dtype)
 """}
 
+# The same staged design with the book's kernels copied into the notebook: every kernel is
+# the student's own, and only the N x N buffers give it away.
+_STAGED = (Path(__file__).resolve().parents[2] / "bookutils" / "staged_backward.py").read_text()
+_STAGED_KERNELS = _STAGED[_STAGED.index("BLOCK = 32"):_STAGED.index("def staged_backward(")]
+BWD_COPIED_STAGED_KERNELS = {"flash_attention_backward": _STAGED_KERNELS + BWD_BOOK_KERNELS[
+    "flash_attention_backward"].replace(
+    "from bookutils.staged_backward import BLOCK, _product, _row_dot_kernel, _score_grad_kernel\n", "")}
+assert "import" not in BWD_COPIED_STAGED_KERNELS["flash_attention_backward"]
+
 # --- decoding ------------------------------------------------------------------------------
 
 DECODE_IN_NUMPY = {"decode_attention": """
@@ -314,6 +323,7 @@ BUGGY = {
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
     "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
+    "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, BWD_HIDDEN),
     "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden", "test_decode_split_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
     "decode_copy_kernel_then_one_program_per_head": (DECODE_COPY_THEN_UNSPLIT, {"test_decode_split_hidden"}),
