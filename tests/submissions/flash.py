@@ -144,6 +144,15 @@ BWD_DQ_LOAD_ADD_STORE = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.re
     "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
     "tl.store(DQ + q_where, tl.load(DQ + q_where, mask=q_mask) + dq_part, mask=q_mask)  # Bug: not atomic"))
 
+BWD_P_FROM_EXP_S = edit("bwd_dq_kernel", "p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)",
+                        "p = tl.where(keep, tl.exp(s) / tl.exp(lse[:, None]), 0.0)  # Bug: exp(S) overflows")
+
+BWD_D_FROM_ONE_TILE = edit("bwd_dq_kernel", "ds = p * (dp - delta[:, None])",
+                           "ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])  # Bug: D from this key block only")
+
+STYLE_BWD_UNEQUAL_BLOCKS = edit("flash_attention_backward", "block_m = block_n = 32",
+                                "block_m, block_n = 16, 32   # query blocks smaller than key blocks")
+
 BWD_GQA_NOT_SUMMED = edit("bwd_dkdv_kernel", "for g in range(GROUP):",
                           "for g in range(1):  # Bug: only the first query head of each group")
 
@@ -318,6 +327,8 @@ BUGGY = {
     "bwd_dq_without_scale": (BWD_DQ_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dq_accumulated_without_atomics": (BWD_DQ_WITHOUT_ATOMICS, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dq_load_add_store_without_atomics": (BWD_DQ_LOAD_ADD_STORE, BWD_HIDDEN),
+    "bwd_p_from_exp_s": (BWD_P_FROM_EXP_S, {"test_bwd_scale_hidden"}),
+    "bwd_d_from_one_key_block": (BWD_D_FROM_ONE_TILE, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS),
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
@@ -333,4 +344,5 @@ CORRECT = {
     "merge_in_log_space": {"merge_softmax_states": STYLE_MERGE_LOGADDEXP},
     "decode_merge_in_torch": STYLE_DECODE_TORCH_MERGE,
     "bwd_one_kernel_with_atomics": STYLE_BWD_ATOMICS,
+    "bwd_unequal_blocks": STYLE_BWD_UNEQUAL_BLOCKS,
 }
