@@ -170,6 +170,9 @@ def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
         flagged = {(row["student_id"], row["reason"]) for row in csv.DictReader(fh)}
     expected = {("kernel_exits", "exits its process (os._exit)"), ("kernel_exits", "execution: process-lost"),
                 ("hangs_forever", "execution: process-lost")} if assignment == "ch1_principles" else set()
+    if assignment == "ch4_flash":   # planted answers built on the book's helpers
+        expected = {(case, "imports the book's helpers")
+                    for case in ("merge_imports_the_books_helper", "bwd_books_staged_kernels")}
     assert flagged == expected
     assert "integrity: " in graded(assignment)["stdout"]
 
