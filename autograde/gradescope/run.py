@@ -56,6 +56,11 @@ class TestCell:
     name: str  # the exercise and what the cell checks
     number: str
 
+    @property
+    def cell(self):
+        """The grades CSV's column for this cell: notebook:grade_id."""
+        return f"{Path(self.notebook).stem}:{self.grade_id}"
+
 
 def log(*parts):
     print(*parts, flush=True)
@@ -165,18 +170,19 @@ def _test_entry(test, score, messages, visibility):
     else:
         text = "Failed.\n" + ("\n".join(errors) or "This test did not pass (it printed no message).")
     return {"name": test.name, "number": test.number, "score": score, "max_score": test.points,
-            "output": _clip(text), "visibility": visibility}
+            "output": _clip(text), "visibility": visibility, "extra_data": {"cell": test.cell}}
 
 
 def _visibility(test, settings):
     return settings["hidden_visibility"] if test.hidden else "visible"
 
 
-def rejected(reason, tests, written, settings):
+def rejected(reason, tests, written):
     """A submission that cannot be graded: 0 with the reason, every test at 0."""
     return {"score": 0.0, "output": reason + _written_note(written), "stdout_visibility": "hidden",
             "tests": [{"name": t.name, "number": t.number, "score": 0.0, "max_score": t.points,
-                       "output": f"Not graded: {reason}", "visibility": "visible"} for t in tests]}
+                       "output": f"Not graded: {reason}", "visibility": "visible", "extra_data": {"cell": t.cell}}
+                      for t in tests]}
 
 
 def _written_note(written):
@@ -186,10 +192,11 @@ def _written_note(written):
     return f"\n\nGraded by hand in Gradescope, not by this autograder: {listed}."
 
 
-def failed(message):
-    """No score anywhere: Gradescope cannot record a zero from it."""
+def failed():
+    """No score anywhere: Gradescope cannot record a zero from it. (run_autograder
+    writes the same when Python itself cannot start.) The reason is in stdout."""
     return {"output": "Your submission could not be graded because of a problem with the autograder, not with "
-                      "your work, and no score was recorded. Your instructor will grade it again.\n" + message,
+                      "your work, and no score was recorded. Your instructor will grade it again.",
             "stdout_visibility": "hidden", "tests": []}
 
 
@@ -213,7 +220,7 @@ def grade_submission(root, settings):
     problem = submission_problem(root / "submission", expected)
     if problem:
         log(f"not graded: {problem}")
-        return rejected(problem, tests, written, settings), 0
+        return rejected(problem, tests, written), 0
 
     work = root / "grading"
     if work.exists():
@@ -244,7 +251,7 @@ def grade_submission(root, settings):
         raise GradingFailed(f"grading ended with status '{result.status}': {'; '.join(result.problems)}")
     if result.status == "ungradable":
         reason = "Your notebook could not be graded: " + " ".join(result.problems)
-        return rejected(reason, tests, written, settings), 0
+        return rejected(reason, tests, written), 0
 
     messages = {}
     for name in expected:
@@ -254,7 +261,7 @@ def grade_submission(root, settings):
     entries, total = [], 0.0
     for test in tests:
         stem = Path(test.notebook).stem
-        score = result.cells.get(f"{stem}:{test.grade_id}", "")
+        score = result.cells.get(test.cell, "")
         score = float(score) if score not in ("", None) else 0.0
         total += score
         entries.append(_test_entry(test, score, messages.get(stem, {}), _visibility(test, settings)))
@@ -294,10 +301,10 @@ def main(root=None):
         results, status = grade_submission(root, settings)
     except GradingFailed as exc:
         log(f"error: {exc}\nNo score was recorded; fix the autograder and regrade this submission.")
-        results, status = failed(""), exc.status
+        results, status = failed(), exc.status
     except Exception:  # a bug in the grader: never the student's zero
         log("error: the grader failed:\n" + traceback.format_exc())
-        results, status = failed(""), GRADER_STATUS
+        results, status = failed(), GRADER_STATUS
     results["execution_time"] = round(time.monotonic() - started)
     target = root / "results" / "results.json"
     target.parent.mkdir(parents=True, exist_ok=True)
