@@ -306,7 +306,9 @@ SEEN = ""
 for path in ["{secret}/course/solutions/ch1_principles/principles.ipynb",
              "{secret}/course/autograde/checks/principles.py", "{secret}/gradescope.json", "/autograder/source"]:
     try:
-        SEEN += open(path).read() if os.path.isfile(path) else " ".join(os.listdir(path))
+        SEEN += open(path).read()
+    except IsADirectoryError:
+        SEEN += " ".join(os.listdir(path))
     except OSError:
         pass
 
