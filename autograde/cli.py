@@ -1,4 +1,4 @@
-"""Command line: `python -m autograde generate`, `grade` and `release`."""
+"""Command line: `python -m autograde generate`, `grade`, `release` and `gradescope`."""
 import argparse
 import sys
 
@@ -47,6 +47,23 @@ def _grade(args):
     return 4 if summary.count("error") else 0
 
 
+def _gradescope(args):
+    from autograde.gradescope.build import build, points
+
+    zip_path = build(args.assignment, args.out, hidden_visibility=args.hidden_visibility,
+                     isolate=not args.no_namespaces, cell_timeout=args.timeout,
+                     notebook_timeout=args.notebook_timeout, memory_limit_mib=args.memory_limit)
+    auto, manual = points(args.assignment)
+    print(f"wrote {zip_path}\n"
+          f"Upload it as the autograder of a Gradescope programming assignment (base image Ubuntu 22.04) worth "
+          f"{auto:g} autograded points" + (f", and add a manually graded question of {manual:g} points for the "
+                                          "written answers" if manual else "") + ".")
+    if args.no_namespaces:
+        print("warning: --no-namespaces: student code will run with process limits only and can read the "
+              "autograder's files, hidden checks and solutions included")
+    return 0
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m autograde", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -76,6 +93,23 @@ def main(argv=None):
     grd.add_argument("--workers", type=int, default=None,
                      help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)
+
+    gsc = sub.add_parser("gradescope", help="write a Gradescope autograder (autograder.zip) for one assignment")
+    gsc.add_argument("assignment", help="assignment name, a folder of solutions/ (e.g. ch1_principles)")
+    gsc.add_argument("--out", required=True, help="folder to write autograder.zip into")
+    gsc.add_argument("--hidden-visibility", default="after_published",
+                     choices=["visible", "after_due_date", "after_published", "hidden"],
+                     help="when students see the results of hidden tests (default: after_published, when you "
+                          "publish the grades); visible tests are always shown")
+    gsc.add_argument("--timeout", type=int, default=None, help="seconds a single cell may run (default 120)")
+    gsc.add_argument("--notebook-timeout", type=int, default=None,
+                     help="seconds a whole notebook may run (default 1800; keep it below Gradescope's timeout)")
+    gsc.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                     help="address space a student's process may use, in MiB (default 4096)")
+    gsc.add_argument("--no-namespaces", action="store_true",
+                     help="for containers where bubblewrap cannot make namespaces: student code then runs with "
+                          "process limits only and can read the autograder's files, hidden checks included")
+    gsc.set_defaults(run=_gradescope)
 
     args = parser.parse_args(argv)
     try:
