@@ -11,6 +11,7 @@ from autograde.compare import (
     expect_sequence,
     expect_unchanged,
     expect_value_error,
+    numpy_only,
 )
 from autograde.reference import variants as ref
 from autograde.sandbox import in_student_process, is_instance
@@ -34,6 +35,12 @@ def _check_rope(rotary_half_split, x, positions, label):
                       "position * 10000^(-2i/d), and every leading axis (batch, heads) is rotated alike.")
 
 
+def _rope_numpy_only(rotary_half_split, rng):
+    x, positions = rng.normal(size=(2, 3, 8)), np.array([4, 0, 9])
+    what = "rotary_half_split for x of shape (2, 3, 8)"
+    numpy_only(rotary_half_split, x, positions, what=what)  # the values are graded by the other calls
+
+
 def check_rope_values(rotary_half_split):
     """Leading batch and head axes, widths from 2 to 64, positions that do not start at 0."""
     rng = _rng(1)
@@ -41,6 +48,7 @@ def check_rope_values(rotary_half_split):
                              ((2, 4, 6, 64), rng.permutation(6) * 1000), ((4, 2), [3, 1, 4, 1])]:
         x = rng.normal(size=shape)
         _check_rope(rotary_half_split, x, np.asarray(positions), f"x of shape {shape}, positions {list(positions)}")
+    _rope_numpy_only(rotary_half_split, rng)
 
 
 def check_rope_rotation(rotary_half_split):
@@ -64,6 +72,7 @@ def check_rope_rotation(rotary_half_split):
     for d_odd in (1, 5, 9):
         expect_value_error(rotary_half_split, np.ones((2, d_odd)), np.arange(2),
                            what=f"rotary_half_split for rows of width {d_odd}", reason="the width is odd")
+    _rope_numpy_only(rotary_half_split, rng)
 
 
 # ------------------------------------------------- left padding and causality
@@ -77,6 +86,13 @@ def _run_padded(left_padded_causal_attention, q, k, v, lengths):
     found = call_unchanged(left_padded_causal_attention, q, k, v, np.asarray(lengths), what=what)
     expect_array(found, shape=q.shape[:-1] + v.shape[-1:], what=what)
     return found, what
+
+
+def _padded_numpy_only(left_padded_causal_attention, rng):
+    q, k, v = _padded_inputs(rng, 2, 5, 3, 2)
+    lengths = np.array([3, 5])
+    what = f"left_padded_causal_attention for q of shape {q.shape}, lengths {list(lengths)}"
+    numpy_only(left_padded_causal_attention, q, k, v, lengths, what=what)  # values graded by the other calls
 
 
 def check_left_padded_values(left_padded_causal_attention):
@@ -96,6 +112,7 @@ def check_left_padded_values(left_padded_causal_attention):
                          what=f"the real rows of sequence {b} (length {length}, padded on the left) from {what}",
                          hint="Sequence b's tokens are its last lengths[b] positions; query i may attend to key j "
                               "when j <= i and j is a real token, itself included. Scale by 1/sqrt(d_k).")
+    _padded_numpy_only(left_padded_causal_attention, rng)
 
 
 def check_left_padded_empty_rows(left_padded_causal_attention):
@@ -113,6 +130,7 @@ def check_left_padded_empty_rows(left_padded_causal_attention):
             if np.any(rows != 0):
                 raise GradingFailure(f"{what}: the {n - length} padding rows of sequence {b} (length {length}) "
                                      "should be exactly zero; a padding query sees only padding keys, all masked.")
+    _padded_numpy_only(left_padded_causal_attention, rng)
 
 
 # ------------------------------------------------- grouped-query KV cache
@@ -157,6 +175,11 @@ def check_decode_step(decode_step):
         stored = rng.normal(scale=2.0, size=(n_kv, 5, d_head)), rng.normal(size=(n_kv, 5, d_head))
         _check_step(decode_step, rng.normal(size=d_model), *stored, weights, n_heads,
                     f"a cache of 5 stored rows ({label})")
+    d_model, n_heads, n_kv, d_head = GQA_CONFIGS[1]
+    weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+    x_t, cache_k, cache_v = rng.normal(size=d_model), rng.normal(size=(n_kv, 3, d_head)), rng.normal(size=(n_kv, 3, d_head))
+    what = f"decode_step with n_heads={n_heads}, {n_kv} KV heads and a cache of 3 rows"
+    numpy_only(decode_step, x_t, cache_k, cache_v, *weights, n_heads, what=what)
 
 
 def _same_rows(found, expected):
@@ -206,6 +229,10 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
                 raise GradingFailure(
                     f"{what}: row {t} of the result is not the output that decode_step returned for token {t}; "
                     "the result must be built from the decoding steps.")
+    d_model, n_heads, n_kv, d_head = GQA_CONFIGS[2]
+    x, weights = rng.normal(size=(5, d_model)), _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+    what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
+    numpy_only(decode_with_kv_cache, x, *weights, n_heads, what=what)
 
 
 # ------------------------------------------- entropy against temperature
@@ -217,6 +244,13 @@ def _check_slope(entropy_temperature_slope, scores, tau, label, hint):
     expect_close(found, expected, what=what, rtol=1e-6, atol=1e-9, hint=hint)
 
 
+def _slope_numpy_only(entropy_temperature_slope, rng):
+    scores, tau = rng.normal(scale=2.0, size=(3, 5)), 0.8
+    scores[1, 2] = -np.inf
+    what = f"entropy_temperature_slope for scores of shape {scores.shape} with a masked key, tau={tau:g}"
+    numpy_only(entropy_temperature_slope, scores, tau, what=what)
+
+
 def check_slope_values(entropy_temperature_slope):
     """Any number of leading axes and temperatures from 0.25 to 5."""
     rng = _rng(7)
@@ -224,6 +258,7 @@ def check_slope_values(entropy_temperature_slope):
             "scores without its last axis.")
     for shape, tau in [((5,), 1.0), ((3, 4), 0.25), ((2, 3, 6), 2.0), ((1, 1), 1.0), ((4, 8), 5.0)]:
         _check_slope(entropy_temperature_slope, rng.normal(scale=2.0, size=shape), tau, f"scores of shape {shape}", hint)
+    _slope_numpy_only(entropy_temperature_slope, rng)
 
 
 def check_slope_limits(entropy_temperature_slope):
@@ -241,6 +276,7 @@ def check_slope_limits(entropy_temperature_slope):
     _check_slope(entropy_temperature_slope, rng.normal(size=(2, 7)) + 1e6, 1.0, "scores near a million",
                  "The slope does not change when a constant is added to a row: centre the scores on their mean "
                  "before squaring, instead of E[s^2] - E[s]^2.")
+    _slope_numpy_only(entropy_temperature_slope, rng)
 
 
 # ---------------------------------------------------------- additive attention
@@ -259,6 +295,12 @@ def _check_additive(concat_additive_attention, inputs, label, hint):
     expect_close(result[0], ref_out, what=f"the output from {what}")
 
 
+def _additive_numpy_only(concat_additive_attention, rng):
+    inputs = _additive_inputs(rng, (), 3, 4, 4, 4, 6, 3)
+    what = "concat_additive_attention with n_q=3, n_k=4, d_q=d_k=4"
+    numpy_only(concat_additive_attention, *inputs, what=what)
+
+
 def check_additive_batched(concat_additive_attention):
     """Zero to two batch axes, n_q != n_k, different query, key, hidden and value widths."""
     rng = _rng(9)
@@ -269,6 +311,7 @@ def check_additive_batched(concat_additive_attention):
                         f"d_h={d_h}, d_v={d_v}",
                         "[q_i, k_j] @ w_cat = q_i @ (first d_q rows of w_cat) + k_j @ (the other d_k rows); "
                         "softmax over the keys j.")
+    _additive_numpy_only(concat_additive_attention, rng)
 
 
 def check_additive_extreme(concat_additive_attention):
@@ -278,6 +321,7 @@ def check_additive_extreme(concat_additive_attention):
         _check_additive(concat_additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
                         f"w_score entries of size about {scale:g}",
                         "Use a numerically stable softmax (subtract the row maximum).")
+    _additive_numpy_only(concat_additive_attention, rng)
 
 
 # ------------------------------------------------------------ decoder layer
@@ -351,7 +395,10 @@ def _check_decoder(DecoderLayer, norm_first):
         before = x.clone(), memory.clone()
         what = (f"the {kind} output of {what} for x of shape {tuple(x.shape)} and memory of shape "
                 f"{tuple(memory.shape)}")
-        found = call(layer, x, memory, what=what)
+        found, used = in_student_process(probes.torch_layers_used, layer, x, memory, what=what)
+        if used:
+            raise GradingFailure(f"{what} ran PyTorch's own attention layers ({', '.join(used)}): write the "
+                                 "attention blocks yourself from the given Linear layers, as the exercise asks.")
         if not isinstance(found, torch.Tensor):
             raise GradingFailure(f"{what} should be a torch.Tensor, but is {describe(found)}.")
         if not (torch.equal(before[0], x) and torch.equal(before[1], memory)):

@@ -289,6 +289,107 @@ DECODER_POST_NORM_ONE_NORM = _DECODER_INIT + '''
         return self.norm1(x + self.ff(x))
 '''
 
+# --- answers that compute with PyTorch where the exercise asks for NumPy, or that hand the
+# decoder layer to PyTorch's own: the visible tests pass, the hidden ones do not ---------------
+
+# The per-sequence loop of the visible test, made into the answer.
+PADDED_WITH_TORCH = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    out = np.zeros(q.shape[:2] + v.shape[-1:])
+    for b, length in enumerate(lengths):
+        real = slice(q.shape[1] - int(length), q.shape[1])
+        if length:
+            out[b, real] = F.scaled_dot_product_attention(*(torch.from_numpy(a[b, real]) for a in (q, k, v)),
+                                                          is_causal=True).numpy()
+    return out
+'''
+
+# The visible test's grouped-query call, made into the answer.
+STEP_WITH_TORCH_GQA = '''
+def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
+    d_head = w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d_head
+    keys = np.concatenate([cache_k, (x_t @ w_k).reshape(g, 1, d_head)], axis=1)
+    values = np.concatenate([cache_v, (x_t @ w_v).reshape(g, 1, d_head)], axis=1)
+    tq = torch.from_numpy((x_t @ w_q).reshape(n_heads, 1, d_head))
+    out = F.scaled_dot_product_attention(tq, torch.from_numpy(keys), torch.from_numpy(values), enable_gqa=True)
+    return out.numpy().reshape(-1), keys, values
+'''
+
+# The visible test's autograd loop, made into the answer.
+SLOPE_WITH_AUTOGRAD = '''
+def entropy_temperature_slope(scores, tau):
+    rows = np.asarray(scores, dtype=np.float64).reshape(-1, scores.shape[-1])
+    t = torch.tensor(float(tau), dtype=torch.float64, requires_grad=True)
+    slopes = []
+    for row in rows:
+        z = torch.from_numpy(row[np.isfinite(row)]) / t
+        entropy = -(torch.softmax(z, dim=0) * torch.log_softmax(z, dim=0)).sum()
+        slopes.append(torch.autograd.grad(entropy, t)[0].item())
+    return np.array(slopes).reshape(scores.shape[:-1])
+'''
+
+ROPE_WITH_TORCH = '''
+def rotary_half_split(x, positions):
+    d = x.shape[-1]
+    if d % 2:
+        raise ValueError(f"odd width {d}")
+    t = torch.from_numpy(np.asarray(x, dtype=np.float64))
+    angle = torch.outer(torch.as_tensor(positions, dtype=torch.float64), 10000.0 ** (-torch.arange(d // 2) * 2.0 / d))
+    a, b = t[..., :d // 2], t[..., d // 2:]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1).numpy()
+'''
+
+ADDITIVE_WITH_TORCH = '''
+def concat_additive_attention(q, k, v, w_cat, w_score):
+    d_q = q.shape[-1]
+    tq, tk, tv, tw, ts = (torch.from_numpy(a) for a in (q, k, v, w_cat, w_score))
+    hidden = torch.tanh((tq @ tw[:d_q]).unsqueeze(-2) + (tk @ tw[d_q:]).unsqueeze(-3))
+    weights = torch.softmax(hidden @ ts, dim=-1)
+    return (weights @ tv).numpy(), weights.numpy()
+'''
+
+# The visible test's copy_from_torch run backwards: PyTorch's layer does the work.
+DECODER_WRAPS_TORCH_LAYER = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        d_model = self.self_q.in_features
+        layer = torch.nn.TransformerDecoderLayer(d_model, self.num_heads, self.ff1.out_features, dropout=0.0,
+                                                 batch_first=True, norm_first=self.norm_first, dtype=x.dtype)
+        with torch.no_grad():
+            for block, attn in (("self", layer.self_attn), ("cross", layer.multihead_attn)):
+                parts = [getattr(self, f"{block}_{p}") for p in "qkv"]
+                attn.in_proj_weight.copy_(torch.cat([p.weight for p in parts]))
+                attn.in_proj_bias.copy_(torch.cat([p.bias for p in parts]))
+                attn.out_proj.weight.copy_(getattr(self, f"{block}_o").weight)
+                attn.out_proj.bias.copy_(getattr(self, f"{block}_o").bias)
+            for mine, theirs in ((self.ff1, layer.linear1), (self.ff2, layer.linear2), (self.norm1, layer.norm1),
+                                 (self.norm2, layer.norm2), (self.norm3, layer.norm3)):
+                theirs.weight.copy_(mine.weight)
+                theirs.bias.copy_(mine.bias)
+        mask = torch.nn.Transformer.generate_square_subsequent_mask(x.shape[1], dtype=x.dtype)
+        return layer.eval()(x, memory, tgt_mask=mask, tgt_is_causal=True)
+'''
+
+# A hand-written forward whose self-attention is still PyTorch's module.
+DECODER_WITH_MULTIHEAD_MODULE = _DECODER_INIT + '''
+    def forward(self, x, memory):
+        def self_block(t):
+            attn = torch.nn.MultiheadAttention(t.shape[-1], self.num_heads, batch_first=True, dtype=t.dtype)
+            with torch.no_grad():
+                attn.in_proj_weight.copy_(torch.cat([self.self_q.weight, self.self_k.weight, self.self_v.weight]))
+                attn.in_proj_bias.copy_(torch.cat([self.self_q.bias, self.self_k.bias, self.self_v.bias]))
+                attn.out_proj.weight.copy_(self.self_o.weight)
+                attn.out_proj.bias.copy_(self.self_o.bias)
+            n = t.shape[1]
+            mask = torch.ones(n, n, dtype=torch.bool).triu(1)
+            return attn(t, t, t, attn_mask=mask, need_weights=False)[0]
+        steps = [(self.norm1, self_block), (self.norm2, lambda t: self.attend(t, memory, "cross", False)),
+                 (self.norm3, self.ff)]
+        for norm, f in steps:
+            x = x + f(norm(x)) if self.norm_first else norm(x + f(x))
+        return x
+'''
+
 # --- correct answers in other styles: full marks ----------------------------------------------
 
 STYLE_ROPE_COMPLEX = '''
@@ -425,4 +526,19 @@ BUGGY = {
     "decoder_ignores_norm_first": ({"DecoderLayer": DECODER_IGNORES_NORM_FIRST}, {"test_decoder_pre_norm"}),
     # The visible test keeps PyTorch's initial LayerNorms (all alike), so only the hidden cell can tell.
     "decoder_post_norm_one_norm": ({"DecoderLayer": DECODER_POST_NORM_ONE_NORM}, {"test_decoder_post_norm"}),
+    # Computed with PyTorch where the exercise asks for NumPy: every hidden cell of the exercise is lost.
+    "rope_with_torch": ({"rotary_half_split": ROPE_WITH_TORCH}, ROPE_CELLS - {"test_rotary_half_split"}),
+    "padded_with_torch": ({"left_padded_causal_attention": PADDED_WITH_TORCH},
+                          PADDED_CELLS - {"test_left_padded_causal_attention"}),
+    # decode_with_kv_cache calls the step, so it computes with PyTorch too.
+    "step_with_torch_gqa": ({"decode_step": STEP_WITH_TORCH_GQA},
+                            {"test_decode_step_hidden", "test_decode_with_kv_cache_hidden"}),
+    "slope_with_autograd": ({"entropy_temperature_slope": SLOPE_WITH_AUTOGRAD},
+                            SLOPE_CELLS - {"test_entropy_temperature_slope"}),
+    "additive_with_torch": ({"concat_additive_attention": ADDITIVE_WITH_TORCH},
+                            ADDITIVE_CELLS - {"test_concat_additive_attention"}),
+    "decoder_wraps_torch_layer": ({"DecoderLayer": DECODER_WRAPS_TORCH_LAYER},
+                                  DECODER_CELLS - {"test_decoder_layer"}),
+    "decoder_with_multihead_module": ({"DecoderLayer": DECODER_WITH_MULTIHEAD_MODULE},
+                                      DECODER_CELLS - {"test_decoder_layer"}),
 }
