@@ -13,6 +13,7 @@ from autograde.compare import (
     expect_value_error,
     numpy_only,
 )
+from autograde.memory import traced_peak
 from autograde.reference import variants as ref
 from autograde.sandbox import in_student_process, is_instance
 from student_runtime import probes
@@ -321,6 +322,46 @@ def check_additive_extreme(concat_additive_attention):
         _check_additive(concat_additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
                         f"w_score entries of size about {scale:g}",
                         "Use a numerically stable softmax (subtract the row maximum).")
+    _additive_numpy_only(concat_additive_attention, rng)
+
+
+def check_additive_key_mask(concat_additive_attention):
+    """Masked keys get zero weight, a sequence with no real key gives zero rows
+    (never NaN), and a mask of all True changes nothing."""
+    rng = _rng(11)
+    for lead, n_q, n_k, d_q, d_k, d_h, d_v in [((3,), 4, 5, 3, 2, 6, 2), ((2, 2), 2, 6, 4, 4, 3, 3), ((1,), 1, 1, 2, 3, 2, 1)]:
+        inputs = _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v)
+        key_mask = rng.random((*lead, n_k)) < 0.6
+        key_mask.reshape(-1, n_k)[0] = False                        # one sequence with no real key
+        if key_mask.size > n_k:
+            key_mask.reshape(-1, n_k)[-1] = True                    # and one with every key real
+        what = f"concat_additive_attention with batch axes {lead}, n_q={n_q}, n_k={n_k} and key_mask {key_mask.tolist()}"
+        ref_out, ref_weights = ref.concat_additive_attention(*inputs, key_mask)
+        result = call_unchanged(concat_additive_attention, *inputs, key_mask=key_mask, what=what)
+        expect_sequence(result, 2, what=what, names="(output, weights)")
+        hint = ("A key whose key_mask entry is False gets weight 0; a sequence whose keys are all masked has no key "
+                "to attend to, so its weights and outputs are zeros, not NaN.")
+        expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
+        expect_close(result[0], ref_out, what=f"the output from {what}", hint=hint)
+    _additive_numpy_only(concat_additive_attention, rng)
+
+
+def check_additive_memory(concat_additive_attention):
+    """Wide queries and keys, a narrow hidden layer: the concatenated pairs
+    [q_i; k_j] are never built, only the n_q x n_k x d_h hidden values."""
+    rng = _rng(12)
+    n_q, n_k, d_q, d_k, d_h, d_v = 64, 64, 256, 192, 4, 2
+    inputs = _additive_inputs(rng, (), n_q, n_k, d_q, d_k, d_h, d_v)
+    what = f"concat_additive_attention with n_q={n_q}, n_k={n_k}, d_q={d_q}, d_k={d_k}, d_h={d_h}"
+    result, peak = traced_peak(call, concat_additive_attention, *inputs, what=what)
+    expect_sequence(result, 2, what=what, names="(output, weights)")
+    expect_close(result[0], ref.concat_additive_attention(*inputs)[0], what=f"the output from {what}")
+    pairs = n_q * n_k * (d_q + d_k) * 8
+    if peak >= pairs // 4:
+        raise GradingFailure(
+            f"{what}: the peak memory was {peak / 2**20:.2f} MiB, while all the pairs [q_i; k_j] take "
+            f"{pairs / 2**20:.0f} MiB and the hidden values only {n_q * n_k * d_h * 8 / 2**20:.2f} MiB. Split w_cat "
+            "instead of the pairs: project the queries and the keys once each, then add them pair by pair.")
     _additive_numpy_only(concat_additive_attention, rng)
 
 

@@ -82,8 +82,19 @@ def entropy_temperature_slope(scores, tau):
     return np.sum(p * (s - mean) ** 2, axis=-1) / tau ** 3
 
 
-def concat_additive_attention(q, k, v, w_cat, w_score):
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    """key_mask (..., n_k), True for a real key; a query with no real key gets zero weights."""
     d_q = q.shape[-1]
     hidden = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :])
-    weights = softmax(hidden @ w_score, axis=-1)
+    scores = hidden @ w_score
+    if key_mask is None:
+        weights = softmax(scores, axis=-1)
+    else:
+        keep = np.asarray(key_mask, dtype=bool)[..., None, :]
+        scores = np.where(keep, scores, -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        e = np.exp(scores - top)
+        total = e.sum(axis=-1, keepdims=True)
+        weights = e / np.where(total > 0, total, 1.0)
     return weights @ v, weights

@@ -185,37 +185,83 @@ def entropy_temperature_slope(scores, tau):
 
 # --- additive attention ------------------------------------------------------------------
 
-ADDITIVE_SPLIT_AT_D_K = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
+# Every planted answer below handles the key mask the same, correct way, unless its bug is there.
+_ADDITIVE_MASK = '''
+def _masked_weights(scores, key_mask):
+    if key_mask is None:
+        return softmax(scores)
+    real = np.asarray(key_mask)[..., None, :]
+    top = np.max(np.where(real, scores, -np.inf), axis=-1, keepdims=True)
+    e = np.where(real, np.exp(np.where(real, scores - np.where(np.isfinite(top), top, 0.0), 0.0)), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0)
+'''
+
+ADDITIVE_SPLIT_AT_D_K = _ADDITIVE_MASK + '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_k = k.shape[-1]
     # Bug: splits w_cat after d_k rows; right only when d_q == d_k.
     hidden = np.tanh((q @ w_cat[:d_k])[..., :, None, :] + (k @ w_cat[d_k:])[..., None, :, :])
-    weights = softmax(hidden @ w_score)
+    weights = _masked_weights(hidden @ w_score, key_mask)
     return weights @ v, weights
 '''
 
-ADDITIVE_KEY_FIRST = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
+ADDITIVE_KEY_FIRST = _ADDITIVE_MASK + '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_k = k.shape[-1]
     # Bug: the key's rows of w_cat taken first, as if the pair were [k, q].
     hidden = np.tanh((q @ w_cat[d_k:])[..., :, None, :] + (k @ w_cat[:d_k])[..., None, :, :])
-    weights = softmax(hidden @ w_score)
+    weights = _masked_weights(hidden @ w_score, key_mask)
     return weights @ v, weights
 '''
 
-ADDITIVE_2D_ONLY = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
+ADDITIVE_2D_ONLY = _ADDITIVE_MASK + '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_q = q.shape[-1]
     hidden = np.tanh((q @ w_cat[:d_q])[:, None, :] + (k @ w_cat[d_q:])[None, :, :])
-    weights = softmax(hidden @ w_score)
+    weights = _masked_weights(hidden @ w_score, key_mask)
     return weights @ v, weights
 '''
 
 ADDITIVE_UNSTABLE = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_q = q.shape[-1]
     e = np.exp(np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :]) @ w_score)
-    weights = e / e.sum(axis=-1, keepdims=True)
+    if key_mask is not None:
+        e = e * np.asarray(key_mask)[..., None, :]
+    total = e.sum(axis=-1, keepdims=True)
+    weights = e / np.where(total > 0, total, 1.0)
+    return weights @ v, weights
+'''
+
+ADDITIVE_MASK_NAN_ROWS = '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    d_q = q.shape[-1]
+    scores = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :]) @ w_score
+    if key_mask is not None:
+        scores = np.where(np.asarray(key_mask)[..., None, :], scores, -np.inf)
+    weights = softmax(scores)  # Bug: a row with every key masked is -inf - (-inf) = nan
+    return weights @ v, weights
+'''
+
+ADDITIVE_MASK_AFTER_SOFTMAX = '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    d_q = q.shape[-1]
+    weights = softmax(np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :]) @ w_score)
+    if key_mask is not None:
+        weights = weights * np.asarray(key_mask)[..., None, :]  # Bug: the rest no longer sums to 1
+    return weights @ v, weights
+'''
+
+# Right numbers, but every [q_i; k_j] written out: the memory the exercise forbids.
+ADDITIVE_CONCATENATED_PAIRS = _ADDITIVE_MASK + '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    n_q, n_k = q.shape[-2], k.shape[-2]
+    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
+    qs = np.broadcast_to(q[..., :, None, :], (*lead, n_q, n_k, q.shape[-1]))
+    ks = np.broadcast_to(k[..., None, :, :], (*lead, n_q, n_k, k.shape[-1]))
+    pairs = np.concatenate([qs, ks], axis=-1)
+    weights = _masked_weights(np.tanh(pairs @ w_cat) @ w_score, key_mask)
     return weights @ v, weights
 '''
 
@@ -341,11 +387,13 @@ def rotary_half_split(x, positions):
 '''
 
 ADDITIVE_WITH_TORCH = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_q = q.shape[-1]
     tq, tk, tv, tw, ts = (torch.from_numpy(a) for a in (q, k, v, w_cat, w_score))
-    hidden = torch.tanh((tq @ tw[:d_q]).unsqueeze(-2) + (tk @ tw[d_q:]).unsqueeze(-3))
-    weights = torch.softmax(hidden @ ts, dim=-1)
+    scores = torch.tanh((tq @ tw[:d_q]).unsqueeze(-2) + (tk @ tw[d_q:]).unsqueeze(-3)) @ ts
+    if key_mask is not None:
+        scores = scores.masked_fill(~torch.from_numpy(np.asarray(key_mask)).unsqueeze(-2), float("-inf"))
+    weights = torch.nan_to_num(torch.softmax(scores, dim=-1))
     return (weights @ tv).numpy(), weights.numpy()
 '''
 
@@ -450,14 +498,19 @@ def entropy_temperature_slope(scores, tau):
     return -((log_p + 1.0) * dp).sum(axis=-1)
 '''
 
-STYLE_ADDITIVE_CONCATENATED_PAIRS = '''
-def concat_additive_attention(q, k, v, w_cat, w_score):
-    n_q, n_k = q.shape[-2], k.shape[-2]
-    lead = np.broadcast_shapes(q.shape[:-2], k.shape[:-2])
-    qs = np.broadcast_to(q[..., :, None, :], (*lead, n_q, n_k, q.shape[-1]))
-    ks = np.broadcast_to(k[..., None, :, :], (*lead, n_q, n_k, k.shape[-1]))
-    pairs = np.concatenate([qs, ks], axis=-1)               # every [q_i, k_j], written out
-    weights = softmax(np.tanh(pairs @ w_cat) @ w_score)
+STYLE_ADDITIVE_QUERY_LOOP = '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    d_q = q.shape[-1]
+    from_q, from_k = q @ w_cat[:d_q], k @ w_cat[d_q:]
+    real = np.ones(k.shape[:-1], dtype=bool) if key_mask is None else np.asarray(key_mask, dtype=bool)
+    weights = np.zeros(q.shape[:-1] + (k.shape[-2],))
+    for i in range(q.shape[-2]):                    # one query at a time: (..., n_k, d_h) alive at once
+        s = np.tanh(from_q[..., i, None, :] + from_k) @ w_score
+        s = np.where(real, s, -np.inf)
+        top = s.max(axis=-1, keepdims=True)
+        e = np.exp(s - np.where(np.isfinite(top), top, 0.0))
+        total = e.sum(axis=-1, keepdims=True)
+        weights[..., i, :] = np.divide(e, total, out=np.zeros_like(e), where=total > 0)
     return weights @ v, weights
 '''
 
@@ -477,7 +530,7 @@ CORRECT = {
     "step_repeat_decode_preallocated": {"decode_step": STYLE_STEP_REPEAT,
                                         "decode_with_kv_cache": STYLE_DECODE_PREALLOCATED},
     "slope_from_log_p_additive_pairs": {"entropy_temperature_slope": STYLE_SLOPE_FROM_LOG_P,
-                                        "concat_additive_attention": STYLE_ADDITIVE_CONCATENATED_PAIRS},
+                                        "concat_additive_attention": STYLE_ADDITIVE_QUERY_LOOP},
     "decoder_with_torch_sdpa": {"DecoderLayer": STYLE_DECODER_MANUAL},
 }
 
@@ -486,7 +539,8 @@ PADDED_CELLS = {"test_left_padded_causal_attention", "test_left_padded_values", 
 STEP_CELLS = {"test_decode_step", "test_decode_step_hidden"}
 DECODE_CELLS = {"test_decode_with_kv_cache", "test_decode_with_kv_cache_hidden"}
 SLOPE_CELLS = {"test_entropy_temperature_slope", "test_slope_values", "test_slope_limits"}
-ADDITIVE_CELLS = {"test_concat_additive_attention", "test_additive_batched", "test_additive_extreme"}
+ADDITIVE_CELLS = {"test_concat_additive_attention", "test_additive_batched", "test_additive_extreme",
+                  "test_additive_key_mask", "test_additive_memory"}
 DECODER_CELLS = {"test_decoder_layer", "test_decoder_post_norm", "test_decoder_pre_norm"}
 
 BUGGY = {
@@ -519,7 +573,15 @@ BUGGY = {
     "additive_split_at_d_k": ({"concat_additive_attention": ADDITIVE_SPLIT_AT_D_K},
                               ADDITIVE_CELLS - {"test_additive_extreme"}),
     "additive_key_rows_first": ({"concat_additive_attention": ADDITIVE_KEY_FIRST}, ADDITIVE_CELLS),
-    "additive_2d_only": ({"concat_additive_attention": ADDITIVE_2D_ONLY}, {"test_additive_batched"}),
+    # The visible and the mask tests use batch axes too.
+    "additive_2d_only": ({"concat_additive_attention": ADDITIVE_2D_ONLY},
+                         {"test_concat_additive_attention", "test_additive_batched", "test_additive_key_mask"}),
+    "additive_nan_on_rows_with_no_key": ({"concat_additive_attention": ADDITIVE_MASK_NAN_ROWS},
+                                         {"test_concat_additive_attention", "test_additive_key_mask"}),
+    "additive_mask_after_softmax": ({"concat_additive_attention": ADDITIVE_MASK_AFTER_SOFTMAX},
+                                    {"test_concat_additive_attention", "test_additive_key_mask"}),
+    "additive_concatenated_pairs": ({"concat_additive_attention": ADDITIVE_CONCATENATED_PAIRS},
+                                    {"test_concat_additive_attention", "test_additive_memory"}),
     "additive_unstable_softmax": ({"concat_additive_attention": ADDITIVE_UNSTABLE}, {"test_additive_extreme"}),
     "decoder_self_attention_not_causal": ({"DecoderLayer": DECODER_NOT_CAUSAL}, DECODER_CELLS),
     "decoder_cross_keys_from_target": ({"DecoderLayer": DECODER_CROSS_KEYS_FROM_X}, DECODER_CELLS),
