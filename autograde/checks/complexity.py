@@ -30,16 +30,23 @@ def check_training_flops(training_flops):
     numpy_only(training_flops, 64, 48, 4, 16, what="training_flops(n=64, d_model=48, heads=4, d_head=16)")
 
 
+RECEPTIVE_HINT = ("Layer l of width w and dilation δ spans (w - 1)·δ positions of its own input; with strides "
+                  "s_1, s_2, ... below it, neighbouring positions of that input lie s_1·s_2·...·s_(l-1) input "
+                  "positions apart. The top layer's own stride changes nothing for one of its outputs.")
+
+
 def check_receptive_field(receptive_field):
-    cases = [([], []), ([3], [1]), ([2, 2, 2], [1, 2, 4]), ([3, 3, 3, 3], [1, 3, 9, 27]), ([5, 1, 4], [2, 7, 3]),
-             ([2] * 10, [1] * 10), ([7, 3], [1, 1]), ([4, 4, 4], [5, 1, 5]), ([9], [100])]
-    for widths, dilations in cases:
-        what = f"receptive_field(kernel_widths={widths}, dilations={dilations})"
-        expect_int(call(receptive_field, list(widths), list(dilations), what=what),
-                   ref.receptive_field(widths, dilations), what=what,
-                   hint="A layer of width w and dilation δ reads inputs (w - 1)·δ positions apart at most, so it "
-                        "widens what one output sees by (w - 1)·δ; w^T holds only for dilations 1, w, w², ...")
-    numpy_only(receptive_field, [3, 2, 5], [1, 4, 2], what="receptive_field(kernel_widths=[3, 2, 5], dilations=[1, 4, 2])")
+    cases = [([], [], []), ([3], [1], [1]), ([2, 2, 2], [1, 2, 4], [1, 1, 1]), ([3, 3, 3, 3], [1, 3, 9, 27], [1] * 4),
+             ([5, 1, 4], [2, 7, 3], [1, 1, 1]), ([2] * 10, [1] * 10, [1] * 10), ([7, 3], [1, 1], [1, 1]),
+             ([4, 4, 4], [5, 1, 5], [1, 1, 1]), ([9], [100], [7]), ([3, 3], [1, 1], [2, 1]), ([2, 2, 2], [1, 1, 1], [2, 2, 2]),
+             ([5, 3, 4], [2, 1, 3], [3, 2, 5]), ([4, 1, 3], [2, 5, 1], [1, 3, 2]), ([2] * 10, [1] * 10, [2] * 10),
+             ([3, 2, 2, 2], [1, 2, 1, 3], [2, 1, 3, 1]), ([2, 2], [1, 1], [1, 1000])]
+    for widths, dilations, strides in cases:
+        what = f"receptive_field(kernel_widths={widths}, dilations={dilations}, strides={strides})"
+        expect_int(call(receptive_field, list(widths), list(dilations), list(strides), what=what),
+                   ref.receptive_field(widths, dilations, strides), what=what, hint=RECEPTIVE_HINT)
+    numpy_only(receptive_field, [3, 2, 5], [1, 4, 2], [2, 1, 3],
+               what="receptive_field(kernel_widths=[3, 2, 5], dilations=[1, 4, 2], strides=[2, 1, 3])")
 
 
 # ------------------------------------------------------------- chunk length

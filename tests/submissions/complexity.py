@@ -117,18 +117,40 @@ def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, sco
 # --- receptive field ---------------------------------------------------------------
 
 RECEPTIVE_PRODUCT_OF_WIDTHS = '''
-def receptive_field(kernel_widths, dilations):
-    return math.prod(kernel_widths)  # Bug: w^T holds only for dilations 1, w, w^2, ...
+def receptive_field(kernel_widths, dilations, strides):
+    return math.prod(kernel_widths)  # Bug: w^T holds only for dilations 1, w, w^2, ... and strides 1
 '''
 
 RECEPTIVE_NO_DILATION = '''
-def receptive_field(kernel_widths, dilations):
-    return 1 + sum(w - 1 for w in kernel_widths)  # Bug: the dilations are ignored
+def receptive_field(kernel_widths, dilations, strides):
+    seen, spacing = 1, 1
+    for w, s in zip(kernel_widths, strides):
+        seen += (w - 1) * spacing  # Bug: the dilations are ignored
+        spacing *= s
+    return seen
 '''
 
 RECEPTIVE_W_TIMES_DILATION = '''
-def receptive_field(kernel_widths, dilations):
-    return 1 + sum(w * step for w, step in zip(kernel_widths, dilations))  # Bug: w, not w - 1
+def receptive_field(kernel_widths, dilations, strides):
+    seen, spacing = 1, 1
+    for w, step, s in zip(kernel_widths, dilations, strides):
+        seen += w * step * spacing  # Bug: w, not w - 1
+        spacing *= s
+    return seen
+'''
+
+RECEPTIVE_IGNORES_STRIDES = '''
+def receptive_field(kernel_widths, dilations, strides):
+    return 1 + sum((w - 1) * step for w, step in zip(kernel_widths, dilations))  # Bug: the strides are ignored
+'''
+
+RECEPTIVE_OWN_STRIDE_TOO = '''
+def receptive_field(kernel_widths, dilations, strides):
+    seen, spacing = 1, 1
+    for w, step, s in zip(kernel_widths, dilations, strides):
+        spacing *= s  # Bug: a layer's own stride counted for its own taps
+        seen += (w - 1) * step * spacing
+    return seen
 '''
 
 # --- dilated local attention ----------------------------------------------------------
@@ -319,10 +341,11 @@ def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, sco
 '''
 
 STYLE_RECEPTIVE_SIMULATED = '''
-def receptive_field(kernel_widths, dilations):
-    reach = {0}  # offsets of the inputs one output depends on
-    for w, step in zip(kernel_widths, dilations):
-        reach = {r + s * step for r in reach for s in range(w)}
+def receptive_field(kernel_widths, dilations, strides):
+    reach, spacing = {0}, 1  # offsets of the inputs one output depends on
+    for w, step, stride in zip(kernel_widths, dilations, strides):
+        reach = {r + s * step * spacing for r in reach for s in range(w)}
+        spacing *= stride
     return max(reach) - min(reach) + 1
 '''
 
@@ -420,6 +443,8 @@ BUGGY = {
     "receptive_product_of_widths": ({"receptive_field": RECEPTIVE_PRODUCT_OF_WIDTHS}, RECEPTIVE_CELLS),
     "receptive_no_dilation": ({"receptive_field": RECEPTIVE_NO_DILATION}, RECEPTIVE_CELLS),
     "receptive_w_times_dilation": ({"receptive_field": RECEPTIVE_W_TIMES_DILATION}, RECEPTIVE_CELLS),
+    "receptive_ignores_strides": ({"receptive_field": RECEPTIVE_IGNORES_STRIDES}, RECEPTIVE_CELLS),
+    "receptive_own_stride_too": ({"receptive_field": RECEPTIVE_OWN_STRIDE_TOO}, RECEPTIVE_CELLS),
     "dilated_ignores_dilation": ({"dilated_local_attention": DILATED_IGNORES_DILATION}, DILATED_CELLS),
     "dilated_reach_radius": ({"dilated_local_attention": DILATED_REACH_RADIUS}, DILATED_CELLS),
     "dilated_misaligned_start": ({"dilated_local_attention": DILATED_MISALIGNED_START}, DILATED_CELLS),
