@@ -27,52 +27,63 @@ def _rng(offset=0):
 
 # ----------------------------------------------------------- rotary embedding
 
-def _check_rope(rotary_half_split, x, positions, label):
+ROPE_HINT = ("Sequence b's real tokens are its last lengths[b] rows, at positions 0, 1, 2, ... (padding rows are "
+             "returned as they are); of the first r = rotary_dim coordinates, i pairs with i + r/2 and turns by "
+             "position * 10000^(-2i/r); coordinates r and beyond are not rotated; every head turns alike.")
+
+
+def _check_rope(rotary_half_split, x, lengths, rotary_dim, label):
     what = f"rotary_half_split for {label}"
-    expected = ref.rotary_half_split(x, positions)
-    found = call_unchanged(rotary_half_split, x, positions, what=what)
-    expect_close(found, expected, what=what, atol=1e-9,
-                 hint="Coordinate i pairs with i + d/2 (not with i + 1); the pair turns by the angle "
-                      "position * 10000^(-2i/d), and every leading axis (batch, heads) is rotated alike.")
+    expected = ref.rotary_half_split(x, lengths, rotary_dim)
+    found = call_unchanged(rotary_half_split, x, np.asarray(lengths), rotary_dim, what=what)
+    expect_close(found, expected, what=what, atol=1e-9, hint=ROPE_HINT)
 
 
 def _rope_numpy_only(rotary_half_split, rng):
-    x, positions = rng.normal(size=(2, 3, 8)), np.array([4, 0, 9])
-    what = "rotary_half_split for x of shape (2, 3, 8)"
-    numpy_only(rotary_half_split, x, positions, what=what)  # the values are graded by the other calls
+    x, lengths = rng.normal(size=(2, 3, 4, 8)), np.array([4, 2])
+    what = "rotary_half_split for x of shape (2, 3, 4, 8), lengths [4, 2], rotary_dim=4"
+    numpy_only(rotary_half_split, x, lengths, 4, what=what)  # the values are graded by the other calls
 
 
 def check_rope_values(rotary_half_split):
-    """Leading batch and head axes, widths from 2 to 64, positions that do not start at 0."""
+    """Batches of 1 to 4 left-padded sequences, 1 to 3 heads, widths from 2 to 64,
+    rotary_dim from 2 to the whole width (None)."""
     rng = _rng(1)
-    for shape, positions in [((1, 2), [0]), ((5, 8), np.arange(5)), ((3, 7, 16), np.arange(7) + 40),
-                             ((2, 4, 6, 64), rng.permutation(6) * 1000), ((4, 2), [3, 1, 4, 1])]:
+    for shape, lengths, rotary_dim in [((1, 1, 1, 2), [1], None), ((1, 2, 5, 8), [5], None), ((3, 2, 7, 16), [7, 3, 0], None),
+                                       ((2, 1, 6, 64), [6, 1], None), ((2, 3, 5, 12), [2, 5], 4), ((4, 2, 4, 10), [4, 0, 1, 3], 2),
+                                       ((1, 1, 300, 8), [300], 6), ((2, 2, 9, 6), [9, 4], 6)]:
         x = rng.normal(size=shape)
-        _check_rope(rotary_half_split, x, np.asarray(positions), f"x of shape {shape}, positions {list(positions)}")
+        _check_rope(rotary_half_split, x, lengths, rotary_dim,
+                    f"x of shape {shape}, lengths {list(lengths)}, rotary_dim={rotary_dim}")
     _rope_numpy_only(rotary_half_split, rng)
 
 
 def check_rope_rotation(rotary_half_split):
-    """Lengths are kept, scores depend only on the offset, and an odd width is refused."""
+    """Lengths kept, scores of real tokens independent of how much padding precedes
+    them, coordinates past rotary_dim untouched, and an odd or too large rotary_dim refused."""
     rng = _rng(2)
-    heads, n, d = 3, 6, 12
-    q, k = rng.normal(size=(heads, n, d)), rng.normal(size=(heads, n, d))
-    for shift in (0, 7, 250):
-        positions = np.arange(n) + shift
-        what = f"rotary_half_split with positions {shift}..{shift + n - 1}"
-        rq = call(rotary_half_split, q.copy(), positions, what=what)
-        rk = call(rotary_half_split, k.copy(), positions, what=what)
-        expect_close(np.linalg.norm(rq, axis=-1), np.linalg.norm(q, axis=-1), what=f"the lengths of the rows after {what}",
+    heads, n, d, r = 3, 9, 12, 8
+    tokens = rng.normal(size=(2, heads, 5, d))      # five real tokens of a query and of a key array
+    for padding in (0, 1, 4):
+        x = np.concatenate([rng.normal(scale=50.0, size=(2, heads, padding, d)), tokens], axis=2)
+        lengths = np.array([5, 5])
+        what = f"rotary_half_split with {padding} padding rows before the same 5 tokens, rotary_dim={r}"
+        turned = call(rotary_half_split, x.copy(), lengths, r, what=what)
+        expect_close(np.linalg.norm(turned, axis=-1), np.linalg.norm(x, axis=-1),
+                     what=f"the lengths of the rows after {what}",
                      hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
-        scores = rq @ np.swapaxes(rk, -1, -2)
-        if shift == 0:
+        expect_close(turned[..., r:], x[..., r:], what=f"the coordinates from rotary_dim on after {what}",
+                     hint="Only the first rotary_dim coordinates are rotated; the others pass through.")
+        real = turned[:, :, padding:]
+        scores = real[0] @ np.swapaxes(real[1], -1, -2)
+        if padding == 0:
             base_scores = scores
-        expect_close(scores, base_scores, what=f"the scores q_m . k_n after {what}", atol=1e-8,
-                     hint="Shifting every position by the same amount must leave the scores unchanged: "
-                          "rotate the query and the key of a pair with the same frequency.")
-    for d_odd in (1, 5, 9):
-        expect_value_error(rotary_half_split, np.ones((2, d_odd)), np.arange(2),
-                           what=f"rotary_half_split for rows of width {d_odd}", reason="the width is odd")
+        expect_close(scores, base_scores, what=f"the scores between the real tokens after {what}", atol=1e-8,
+                     hint="A sequence's first real token is at position 0 however much padding precedes it.")
+    for width, rotary_dim in ((5, None), (8, 3), (6, 8), (4, 5)):
+        expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]), rotary_dim,
+                           what=f"rotary_half_split for rows of width {width} with rotary_dim={rotary_dim}",
+                           reason="the rotated width must be even and no larger than the row")
     _rope_numpy_only(rotary_half_split, rng)
 
 

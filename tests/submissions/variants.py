@@ -9,49 +9,45 @@ NOTEBOOK = "variants.ipynb"
 
 # --- rotary embeddings ------------------------------------------------------------
 
-ROPE_INTERLEAVED = '''
-def rotary_half_split(x, positions):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError("odd width")
-    angle = np.asarray(positions)[:, None] * 10000.0 ** (-np.arange(0, d, 2) / d)
-    out = np.empty(x.shape)
-    # Bug: the chapter's layout, pairs (2i, 2i+1), instead of (i, i + d/2).
-    out[..., 0::2] = x[..., 0::2] * np.cos(angle) - x[..., 1::2] * np.sin(angle)
-    out[..., 1::2] = x[..., 0::2] * np.sin(angle) + x[..., 1::2] * np.cos(angle)
+
+def _rope(angle="pos * 10000.0 ** (-2 * np.arange(h) / r)", turn=None, check="r % 2 or r > d",
+          position="np.clip(np.arange(n) - (n - np.asarray(lengths))[:, None], 0, None)", rotated="r"):
+    """A rotary_half_split for a left-padded batch with one deliberate change."""
+    turn = turn or ("a, b = x[..., :h], x[..., h:r]\n"
+                    "    out[..., :h], out[..., h:r] = a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)")
+    return f'''
+def rotary_half_split(x, lengths, rotary_dim=None):
+    n, d = x.shape[-2:]
+    r = d if rotary_dim is None else rotary_dim
+    if {check}:
+        raise ValueError("rotary_dim must be even and at most the width")
+    r = {rotated}
+    h = r // 2
+    pos = ({position})[:, None, :, None]
+    angle = {angle}
+    out = np.array(x, dtype=np.float64)
+    {turn}
     return out
 '''
 
-ROPE_NOT_A_ROTATION = '''
-def rotary_half_split(x, positions):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError("odd width")
-    h = d // 2
-    angle = np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(h) / d)
-    a, b = x[..., :h], x[..., h:]
-    # Bug: a sign slip, so the map is no longer a rotation.
-    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), b * np.cos(angle) - a * np.sin(angle)], axis=-1)
-'''
 
-ROPE_EXPONENT_HALVED = '''
-def rotary_half_split(x, positions):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError("odd width")
-    h = d // 2
-    angle = np.asarray(positions)[:, None] * 10000.0 ** (-np.arange(h) / d)  # Bug: i / d, not 2i / d
-    a, b = x[..., :h], x[..., h:]
-    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], axis=-1)
-'''
-
-ROPE_NO_ODD_CHECK = '''
-def rotary_half_split(x, positions):
-    h = x.shape[-1] // 2
-    angle = np.asarray(positions)[:, None] * 10000.0 ** (-2 * np.arange(h) / x.shape[-1])
-    a, b = x[..., :h], x[..., h:]
-    return np.concatenate([a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)], axis=-1)
-'''
+# Bug: the chapter's layout, pairs (2i, 2i+1), instead of (i, i + r/2).
+ROPE_INTERLEAVED = _rope(turn="a, b = x[..., 0:r:2], x[..., 1:r:2]\n"
+                              "    out[..., 0:r:2], out[..., 1:r:2] = a * np.cos(angle) - b * np.sin(angle), a * np.sin(angle) + b * np.cos(angle)")
+# Bug: a sign slip, so the map is no longer a rotation.
+ROPE_NOT_A_ROTATION = _rope(turn="a, b = x[..., :h], x[..., h:r]\n"
+                                 "    out[..., :h], out[..., h:r] = a * np.cos(angle) - b * np.sin(angle), b * np.cos(angle) - a * np.sin(angle)")
+# Bug: i / r, not 2i / r.
+ROPE_EXPONENT_HALVED = _rope(angle="pos * 10000.0 ** (-np.arange(h) / r)")
+# Bug: the frequencies from the whole width d, not from the rotated width r.
+ROPE_FREQUENCIES_FROM_D = _rope(angle="pos * 10000.0 ** (-2 * np.arange(h) / d)")
+# Bug: every coordinate rotated, whatever rotary_dim says.
+ROPE_ROTATES_EVERYTHING = _rope(rotated="d")
+# Bug: positions counted from the first row, padding included (the scores between real
+# tokens stay the same, since only their offsets count; their values do not).
+ROPE_POSITIONS_FROM_ROW_0 = _rope(position="np.broadcast_to(np.arange(n), (len(lengths), n))")
+# Bug: no ValueError for an odd rotary_dim or one wider than the row.
+ROPE_NO_CHECK = _rope(check="False")
 
 # --- left padding and causality ----------------------------------------------------
 
@@ -376,14 +372,16 @@ def entropy_temperature_slope(scores, tau):
 '''
 
 ROPE_WITH_TORCH = '''
-def rotary_half_split(x, positions):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"odd width {d}")
+def rotary_half_split(x, lengths, rotary_dim=None):
+    n, d = x.shape[-2:]
+    r = d if rotary_dim is None else rotary_dim
+    if r % 2 or r > d:
+        raise ValueError(f"rotary_dim {r} for width {d}")
     t = torch.from_numpy(np.asarray(x, dtype=np.float64))
-    angle = torch.outer(torch.as_tensor(positions, dtype=torch.float64), 10000.0 ** (-torch.arange(d // 2) * 2.0 / d))
-    a, b = t[..., :d // 2], t[..., d // 2:]
-    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos()], dim=-1).numpy()
+    pos = (torch.arange(n) - (n - torch.as_tensor(lengths))[:, None]).clamp(min=0).to(torch.float64)
+    angle = pos[:, None, :, None] * 10000.0 ** (-torch.arange(r // 2) * 2.0 / r)
+    a, b = t[..., :r // 2], t[..., r // 2:r]
+    return torch.cat([a * angle.cos() - b * angle.sin(), a * angle.sin() + b * angle.cos(), t[..., r:]], dim=-1).numpy()
 '''
 
 ADDITIVE_WITH_TORCH = '''
@@ -441,14 +439,19 @@ DECODER_WITH_MULTIHEAD_MODULE = _DECODER_INIT + '''
 # --- correct answers in other styles: full marks ----------------------------------------------
 
 STYLE_ROPE_COMPLEX = '''
-def rotary_half_split(x, positions):
-    d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"odd width {d}: no pairs")
-    h = d // 2
-    z = x[..., :h] + 1j * x[..., h:]                       # pair (i, i + h) as one complex number
-    turned = z * np.exp(1j * np.multiply.outer(positions, 10000.0 ** (-np.arange(h) * 2.0 / d)))
-    return np.concatenate([turned.real, turned.imag], axis=-1)
+def rotary_half_split(x, lengths, rotary_dim=None):
+    n, d = x.shape[-2:]
+    r = d if rotary_dim is None else rotary_dim
+    if r % 2 or r > d:
+        raise ValueError(f"rotary_dim {r} cannot be split into pairs within width {d}")
+    h = r // 2
+    out = np.array(x, dtype=np.float64)
+    for b, length in enumerate(lengths):                    # one sequence at a time, real rows only
+        start = n - int(length)
+        z = x[b, :, start:, :h] + 1j * x[b, :, start:, h:r]   # pair (i, i + h) as one complex number
+        turned = z * np.exp(1j * np.multiply.outer(np.arange(int(length)), 10000.0 ** (-np.arange(h) * 2.0 / r)))
+        out[b, :, start:, :h], out[b, :, start:, h:r] = turned.real, turned.imag
+    return out
 '''
 
 STYLE_PADDED_LOOP = '''
@@ -548,7 +551,13 @@ BUGGY = {
     "rope_interleaved_pairs": ({"rotary_half_split": ROPE_INTERLEAVED}, ROPE_CELLS - {"test_rope_rotation"}),
     "rope_not_a_rotation": ({"rotary_half_split": ROPE_NOT_A_ROTATION}, ROPE_CELLS),
     "rope_exponent_halved": ({"rotary_half_split": ROPE_EXPONENT_HALVED}, ROPE_CELLS - {"test_rope_rotation"}),
-    "rope_no_error_on_odd_width": ({"rotary_half_split": ROPE_NO_ODD_CHECK}, {"test_rope_rotation"}),
+    # Only the partial cases tell (r < d); the scores still depend on offsets alone.
+    "rope_frequencies_from_d": ({"rotary_half_split": ROPE_FREQUENCIES_FROM_D}, ROPE_CELLS - {"test_rope_rotation"}),
+    "rope_rotates_everything": ({"rotary_half_split": ROPE_ROTATES_EVERYTHING}, ROPE_CELLS),
+    "rope_positions_from_row_0": ({"rotary_half_split": ROPE_POSITIONS_FROM_ROW_0}, ROPE_CELLS - {"test_rope_rotation"}),
+    # Most bad widths still fail with NumPy's own ValueError (shapes that do not broadcast),
+    # the visible one included; rotary_dim = 5 for a row of 4 does not.
+    "rope_no_error_on_odd_rotary_dim": ({"rotary_half_split": ROPE_NO_CHECK}, {"test_rope_rotation"}),
     "padded_on_the_right": ({"left_padded_causal_attention": PADDED_ON_THE_RIGHT}, PADDED_CELLS),
     "padded_nan_on_empty_rows": ({"left_padded_causal_attention": PADDED_NAN_ROWS},
                                  PADDED_CELLS - {"test_left_padded_values"}),
