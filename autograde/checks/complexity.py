@@ -156,6 +156,24 @@ def check_dilated_output(dilated_local_attention):
     _dilated_numpy_only(dilated_local_attention, rng)
 
 
+GLOBAL_HINT = ("The first n_global tokens are global: a global query attends to every key, and every other query "
+               "attends to its dilated window and to all the global keys, a global key inside the window counted "
+               "once. n_global may exceed n (then every token is global).")
+
+
+def check_dilated_global(dilated_local_attention):
+    rng = _rng(8)
+    for n, d_k, d_v, radius, dilation, n_global in [(1, 3, 2, 0, 1, 1), (6, 4, 2, 0, 1, 1), (9, 3, 3, 1, 2, 2),
+                                                    (16, 8, 2, 3, 2, 3), (12, 2, 4, 2, 3, 5), (7, 3, 3, 20, 1, 2),
+                                                    (33, 5, 4, 2, 5, 4), (5, 3, 2, 1, 2, 9), (20, 3, 2, 3, 19, 1)]:
+        q, k, v = rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v))
+        _check_output(dilated_local_attention, (q, k, v, radius, dilation, n_global),
+                      ref.dilated_local_attention(q, k, v, radius, dilation, n_global),
+                      f"dilated_local_attention for n={n}, d_k={d_k}, d_v={d_v}, radius={radius}, "
+                      f"dilation={dilation}, n_global={n_global}", GLOBAL_HINT)
+    _dilated_numpy_only(dilated_local_attention, rng)
+
+
 def check_dilated_extreme(dilated_local_attention):
     rng = _rng(2)
     for scale in (30.0, 300.0):
@@ -171,10 +189,10 @@ def check_dilated_memory(dilated_local_attention):
     rng = _rng(3)
 
     def inputs(n):
-        return rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4)), 4, 3
+        return rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4)), 4, 3, 2
 
     _check_memory(dilated_local_attention, inputs, ref.dilated_local_attention,
-                  "dilated_local_attention with radius=4, dilation=3, d_k=8, d_v=4")
+                  "dilated_local_attention with radius=4, dilation=3, n_global=2, d_k=8, d_v=4")
     _dilated_numpy_only(dilated_local_attention, rng)
 
 

@@ -155,63 +155,57 @@ def receptive_field(kernel_widths, dilations, strides):
 
 # --- dilated local attention ----------------------------------------------------------
 
-DILATED_IGNORES_DILATION = '''
-def dilated_local_attention(q, k, v, radius, dilation):
+def _dilated(window, weights="softmax(s)"):
+    """A dilated_local_attention with global tokens whose window (keys of query i) or
+    softmax is given: one deliberate change, the global tokens handled right."""
+    return f'''
+def _window(i, n, radius, dilation):
+    {window}
+
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
     n, d_k = q.shape
+    g = min(n_global, n)
     out = np.zeros((n, v.shape[1]))
     for i in range(n):
-        lo, hi = max(0, i - radius), min(n, i + radius + 1)  # Bug: the plain window
-        out[i] = softmax(k[lo:hi] @ q[i] / np.sqrt(d_k)) @ v[lo:hi]
+        js = np.arange(n) if i < g else np.union1d(np.arange(g), np.asarray(_window(i, n, radius, dilation), dtype=int))
+        s = k[js] @ q[i] / np.sqrt(d_k)
+        out[i] = {weights} @ v[js]
     return out
 '''
 
-DILATED_REACH_RADIUS = '''
-def dilated_local_attention(q, k, v, radius, dilation):
-    n, d_k = q.shape
-    out = np.zeros((n, v.shape[1]))
-    for i in range(n):
-        js = [j for j in range(max(0, i - radius), min(n, i + radius + 1)) if (j - i) % dilation == 0]
-        out[i] = softmax(k[js] @ q[i] / np.sqrt(d_k)) @ v[js]  # Bug: reach radius, not radius * dilation
-    return out
-'''
 
-DILATED_MISALIGNED_START = '''
-def dilated_local_attention(q, k, v, radius, dilation):
-    n, d_k = q.shape
-    out = np.zeros((n, v.shape[1]))
-    for i in range(n):
-        lo = max(0, i - radius * dilation)  # Bug: clipped to 0, the taps no longer pass through i
-        keys = slice(lo, i + radius * dilation + 1, dilation)
-        out[i] = softmax(k[keys] @ q[i] / np.sqrt(d_k)) @ v[keys]
-    return out
-'''
-
-DILATED_UNSTABLE = '''
-def dilated_local_attention(q, k, v, radius, dilation):
-    n, d_k = q.shape
-    out = np.zeros((n, v.shape[1]))
-    for i in range(n):
-        keys = slice(i - min(radius, i // dilation) * dilation, i + radius * dilation + 1, dilation)
-        e = np.exp(k[keys] @ q[i] / np.sqrt(d_k))  # Bug: no maximum subtracted
-        out[i] = e @ v[keys] / e.sum()
-    return out
-'''
+DILATED_IGNORES_DILATION = _dilated("return range(max(0, i - radius), min(n, i + radius + 1))  # Bug: the plain window")
+# Bug: reach radius, not radius * dilation.
+DILATED_REACH_RADIUS = _dilated("return [j for j in range(max(0, i - radius), min(n, i + radius + 1)) if (j - i) % dilation == 0]")
+# Bug: clipped to 0, the taps no longer pass through i.
+DILATED_MISALIGNED_START = _dilated("return range(max(0, i - radius * dilation), min(n, i + radius * dilation + 1), dilation)")
+_WINDOW = "return range(i - min(radius, i // dilation) * dilation, min(n, i + radius * dilation + 1), dilation)"
+DILATED_UNSTABLE = _dilated(_WINDOW, weights="(np.exp(s) / np.exp(s).sum())")  # Bug: no maximum subtracted
+# Bug: the global keys seen by the global queries only, not by everyone.
+DILATED_GLOBAL_ONE_WAY = _dilated(_WINDOW).replace("np.union1d(np.arange(g), ", "np.union1d(np.arange(0), ")
+# Bug: a global key inside the window counted twice.
+DILATED_GLOBAL_TWICE = _dilated(_WINDOW).replace("np.union1d(np.arange(g), np.asarray(_window(i, n, radius, dilation), dtype=int))",
+                                                 "np.concatenate([np.arange(g), np.asarray(_window(i, n, radius, dilation), dtype=int)])")
 
 DILATED_FULL_SCORES = '''
-def dilated_local_attention(q, k, v, radius, dilation):
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
     n = q.shape[0]
     scores = q @ k.T / np.sqrt(q.shape[1])  # Bug: the whole n x n score matrix
     offset = np.arange(n)[None, :] - np.arange(n)[:, None]
     keep = (np.abs(offset) <= radius * dilation) & (offset % dilation == 0)
+    keep[:n_global, :] = True
+    keep[:, :n_global] = True
     return softmax(np.where(keep, scores, -np.inf)) @ v
 '''
 
 DILATED_TORCH_MASK = '''
-def dilated_local_attention(q, k, v, radius, dilation):
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
     n, d_k = q.shape
     idx = torch.arange(n)
     offset = idx[None, :] - idx[:, None]  # Bug: n x n tensors, which tracemalloc does not see
     keep = (offset.abs() <= radius * dilation) & (offset % dilation == 0)
+    keep[:n_global, :] = True
+    keep[:, :n_global] = True
     out = np.zeros((n, v.shape[1]))
     for i in range(n):
         js = keep[i].nonzero().flatten().numpy()
@@ -352,24 +346,34 @@ def receptive_field(kernel_widths, dilations, strides):
 # Dilation delta splits the sequence into delta interleaved subsequences, and on each
 # one the dilated window is a plain window of the same radius.
 STYLE_DILATED_RESIDUE_CLASSES = '''
-def dilated_local_attention(q, k, v, radius, dilation):
-    out = np.empty((q.shape[0], v.shape[1]))
-    for phase in range(min(dilation, len(q))):
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
+    n, g = len(q), min(n_global, len(q))
+    out = np.empty((n, v.shape[1]))
+    scale = np.sqrt(q.shape[1])
+    for i in range(g):                                    # global queries see everything
+        out[i] = softmax(k @ q[i] / scale) @ v
+    for phase in range(min(dilation, n)):
         qs, ks, vs = q[phase::dilation], k[phase::dilation], v[phase::dilation]
         for i in range(len(qs)):
+            if phase + i * dilation < g:
+                continue
             lo, hi = max(0, i - radius), i + radius + 1
-            out[phase + i * dilation] = softmax(ks[lo:hi] @ qs[i] / np.sqrt(q.shape[1])) @ vs[lo:hi]
+            window = phase + np.arange(lo, min(hi, len(ks))) * dilation
+            extra = np.setdiff1d(np.arange(g), window)          # global keys outside the window
+            keys, values = np.concatenate([ks[lo:hi], k[extra]]), np.concatenate([vs[lo:hi], v[extra]])
+            out[phase + i * dilation] = softmax(keys @ qs[i] / scale) @ values
     return out
 '''
 
 DILATED_WITH_TORCH = '''
-def dilated_local_attention(q, k, v, radius, dilation):
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
     qt, kt, vt = (torch.from_numpy(a) for a in (q, k, v))
     n = len(q)
     rows = []
     for i in range(n):
         js = torch.arange(-radius, radius + 1) * dilation + i
         js = js[(js >= 0) & (js < n)]
+        js = torch.arange(n) if i < n_global else torch.unique(torch.cat([torch.arange(min(n_global, n)), js]))
         rows.append(torch.softmax(kt[js] @ qt[i] / q.shape[1] ** 0.5, dim=0) @ vt[js])
     return torch.stack(rows).numpy()
 '''
@@ -422,7 +426,8 @@ CORRECT = {
 TRAINING_CELLS = {"test_training_flops", "test_training_flops_hidden"}
 CHUNK_CELLS = {"test_max_chunk_length", "test_chunk_small", "test_chunk_huge", "test_chunk_too_small"}
 RECEPTIVE_CELLS = {"test_receptive_field", "test_receptive_field_hidden"}
-DILATED_CELLS = {"test_dilated_local_attention", "test_dilated_output", "test_dilated_extreme", "test_dilated_memory"}
+DILATED_CELLS = {"test_dilated_local_attention", "test_dilated_output", "test_dilated_global", "test_dilated_extreme",
+                 "test_dilated_memory"}
 CAUSAL_CELLS = {"test_causal_linear_attention", "test_causal_output", "test_causal_extreme", "test_causal_memory",
                 "test_causal_chunked"}
 
@@ -449,6 +454,10 @@ BUGGY = {
     "dilated_reach_radius": ({"dilated_local_attention": DILATED_REACH_RADIUS}, DILATED_CELLS),
     "dilated_misaligned_start": ({"dilated_local_attention": DILATED_MISALIGNED_START}, DILATED_CELLS),
     "dilated_unstable_softmax": ({"dilated_local_attention": DILATED_UNSTABLE}, {"test_dilated_extreme"}),
+    "dilated_global_keys_one_way": ({"dilated_local_attention": DILATED_GLOBAL_ONE_WAY},
+                                    {"test_dilated_local_attention", "test_dilated_global", "test_dilated_memory"}),
+    "dilated_global_keys_counted_twice": ({"dilated_local_attention": DILATED_GLOBAL_TWICE},
+                                          {"test_dilated_local_attention", "test_dilated_global", "test_dilated_memory"}),
     # Right numbers, quadratic memory: the visible test measures NumPy's memory too.
     "dilated_full_score_matrix": ({"dilated_local_attention": DILATED_FULL_SCORES},
                                   {"test_dilated_local_attention", "test_dilated_memory"}),
