@@ -34,7 +34,7 @@ ROPE_HINT = ("Sequence b's real tokens are its last lengths[b] rows, at position
 
 def _check_rope(rotary_half_split, x, lengths, rotary_dim, label):
     what = f"rotary_half_split for {label}"
-    expected = ref.rotary_half_split(x, lengths, rotary_dim)
+    expected = ref.rotary_left_padded(x, lengths, rotary_dim)
     found = call_unchanged(rotary_half_split, x, np.asarray(lengths), rotary_dim, what=what)
     expect_close(found, expected, what=what, atol=1e-9, hint=ROPE_HINT)
 
@@ -58,29 +58,41 @@ def check_rope_values(rotary_half_split):
     _rope_numpy_only(rotary_half_split, rng)
 
 
+def _rope_call(rotary_half_split, x, lengths, rotary_dim, what):
+    args = (x, lengths) if rotary_dim is None else (x, lengths, rotary_dim)   # the default, as a student calls it
+    return call(rotary_half_split, *args, what=what)
+
+
 def check_rope_rotation(rotary_half_split):
     """Lengths kept, scores of real tokens independent of how much padding precedes
     them, coordinates past rotary_dim untouched, and an odd or too large rotary_dim refused."""
     rng = _rng(2)
-    heads, n, d, r = 3, 9, 12, 8
+    for width in (5, 9):  # called as a student calls it, rotary_dim left to its default
+        expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]),
+                           what=f"rotary_half_split for rows of width {width}",
+                           reason="an odd width cannot be split into pairs")
+    heads, d = 3, 12
     tokens = rng.normal(size=(2, heads, 5, d))      # five real tokens of a query and of a key array
-    for padding in (0, 1, 4):
-        x = np.concatenate([rng.normal(scale=50.0, size=(2, heads, padding, d)), tokens], axis=2)
-        lengths = np.array([5, 5])
-        what = f"rotary_half_split with {padding} padding rows before the same 5 tokens, rotary_dim={r}"
-        turned = call(rotary_half_split, x.copy(), lengths, r, what=what)
-        expect_close(np.linalg.norm(turned, axis=-1), np.linalg.norm(x, axis=-1),
-                     what=f"the lengths of the rows after {what}",
-                     hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
-        expect_close(turned[..., r:], x[..., r:], what=f"the coordinates from rotary_dim on after {what}",
-                     hint="Only the first rotary_dim coordinates are rotated; the others pass through.")
-        real = turned[:, :, padding:]
-        scores = real[0] @ np.swapaxes(real[1], -1, -2)
-        if padding == 0:
-            base_scores = scores
-        expect_close(scores, base_scores, what=f"the scores between the real tokens after {what}", atol=1e-8,
-                     hint="A sequence's first real token is at position 0 however much padding precedes it.")
-    for width, rotary_dim in ((5, None), (8, 3), (6, 8), (4, 5)):
+    for rotary_dim in (None, 8):
+        for padding in (0, 1, 4):
+            x = np.concatenate([rng.normal(scale=50.0, size=(2, heads, padding, d)), tokens], axis=2)
+            what = f"rotary_half_split with {padding} padding rows before the same 5 tokens, rotary_dim={rotary_dim}"
+            turned = _rope_call(rotary_half_split, x.copy(), np.array([5, 5]), rotary_dim, what)
+            expect_close(np.linalg.norm(turned, axis=-1), np.linalg.norm(x, axis=-1),
+                         what=f"the lengths of the rows after {what}",
+                         hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
+            real = turned[:, :, padding:]
+            scores = real[0] @ np.swapaxes(real[1], -1, -2)
+            if padding == 0:
+                base_scores = scores
+            expect_close(scores, base_scores, what=f"the scores between the real tokens after {what}", atol=1e-8,
+                         hint="Each sequence counts positions from its first real token, and the query and the key "
+                              "of a pair turn with the same frequencies.")
+            if rotary_dim is not None:
+                expect_close(turned[..., rotary_dim:], x[..., rotary_dim:],
+                             what=f"the coordinates from rotary_dim on after {what}",
+                             hint="Only the first rotary_dim coordinates are rotated; the others pass through.")
+    for width, rotary_dim in ((8, 3), (6, 8), (4, 5)):
         expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]), rotary_dim,
                            what=f"rotary_half_split for rows of width {width} with rotary_dim={rotary_dim}",
                            reason="the rotated width must be even and no larger than the row")

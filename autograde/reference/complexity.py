@@ -44,10 +44,11 @@ def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, sco
     return c
 
 
-def receptive_field(kernel_widths, dilations, strides):
+def receptive_field(kernel_widths, dilations, strides=None):
     """Layer l of width w_l and dilation delta_l widens the view by (w_l - 1) delta_l of its
     own input's positions, each the product of the strides below it apart in the input."""
     seen, spacing = 1, 1
+    strides = [1] * len(kernel_widths) if strides is None else strides
     for w, step, stride in zip(kernel_widths, dilations, strides):
         seen += (w - 1) * step * spacing
         spacing *= stride

@@ -4,22 +4,27 @@ import numpy as np
 from autograde.reference.principles import softmax
 
 
-def rotary_half_split(x, lengths, rotary_dim=None, base=10000.0):
+def rotary_half_split(x, positions, rotary_dim=None, base=10000.0):
     """RoPE pairing coordinate i with i + r/2 over the first r = rotary_dim coordinates (the
-    rest pass through), for x of shape (batch, heads, n, d) padded on the left: sequence b's
-    real tokens are its last lengths[b] rows, at positions 0, 1, ...; padding is left alone."""
+    rest pass through); positions broadcast against x.shape[:-1]."""
     x = np.asarray(x, dtype=np.float64)
-    n, d = x.shape[-2:]
+    d = x.shape[-1]
     r = d if rotary_dim is None else int(rotary_dim)
     if r % 2 or r > d:
         raise ValueError(f"rotary embeddings need an even rotary_dim no larger than the width {d}, got {r}")
     half = r // 2
-    positions = np.arange(n)[None, :] - (n - np.asarray(lengths))[:, None]      # (batch, n)
-    positions = np.maximum(positions, 0).astype(np.float64)                      # padding: no turn
-    angle = positions[:, None, :, None] * base ** (-2.0 * np.arange(half) / r)   # (batch, 1, n, half)
+    angle = np.asarray(positions, dtype=np.float64)[..., None] * base ** (-2.0 * np.arange(half) / r)
     cos, sin = np.cos(angle), np.sin(angle)
     first, second = x[..., :half], x[..., half:r]
     return np.concatenate([first * cos - second * sin, first * sin + second * cos, x[..., r:]], axis=-1)
+
+
+def rotary_left_padded(x, lengths, rotary_dim=None):
+    """Exercise 1: x of shape (batch, heads, n, d) padded on the left; sequence b's real
+    tokens are its last lengths[b] rows, at positions 0, 1, ...; padding rows are left alone."""
+    n = np.shape(x)[-2]
+    positions = np.arange(n)[None, :] - (n - np.asarray(lengths))[:, None]     # (batch, n)
+    return rotary_half_split(x, np.maximum(positions, 0)[:, None, :], rotary_dim)
 
 
 def causal_mask(n):
