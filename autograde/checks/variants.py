@@ -15,7 +15,7 @@ from autograde.compare import (
 )
 from autograde.memory import traced_peak
 from autograde.reference import variants as ref
-from autograde.sandbox import in_student_process, is_instance
+from autograde.sandbox import in_student_process, is_instance, note_sighting
 from student_runtime import probes
 
 RNG_SEED = 20261
@@ -246,6 +246,8 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
         for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls):
             if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
                     and _same_rows(cache_v, values[:, :t])):
+                note_sighting(decode_with_kv_cache, "decode_step given caches it did not build",
+                              f"{what}: call {t} of decode_step was given other keys or values than the caches hold")
                 raise GradingFailure(
                     f"{what}: call {t} of decode_step was not given token {t} and the keys and values of tokens "
                     f"0..{t - 1}, as the caches returned by the earlier calls hold them.")

@@ -613,3 +613,6 @@ BUGGY = {
     "decoder_with_multihead_module": ({"DecoderLayer": DECODER_WITH_MULTIHEAD_MODULE},
                                       DECODER_CELLS - {"test_decoder_layer"}),
 }
+
+# Planted cases a check also puts in the integrity report, with the reason it gives.
+FLAGGED = {"decode_fakes_its_calls": {"sandbox: decode_step given caches it did not build"}}
