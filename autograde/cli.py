@@ -64,6 +64,16 @@ def _gradescope(args):
     return 0
 
 
+def _limit_options(parser, notebook_help, no_namespaces_help):
+    """The options that bound a student's run, shared by grading here and on Gradescope."""
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds a single cell (or one call of a student function) may run (default 120)")
+    parser.add_argument("--notebook-timeout", type=int, default=None, help=notebook_help)
+    parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                        help="address space a student's process may use, in MiB (default 4096)")
+    parser.add_argument("--no-namespaces", action="store_true", help=no_namespaces_help)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m autograde", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -81,15 +91,11 @@ def main(argv=None):
                                          "of notebooks named <student>_<anything>.ipynb as LMSs export them")
     grd.add_argument("--out", default=None,
                      help="folder for the gradebook, grades.csv and feedback (default: grading/<assignment>)")
-    grd.add_argument("--timeout", type=int, default=None,
-                     help="seconds a single cell (or one call of a student function) may run (default 120)")
-    grd.add_argument("--notebook-timeout", type=int, default=None,
-                     help="seconds a whole notebook may run before its remaining cells score 0 (default 1800)")
-    grd.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
-                     help="address space a student's process may use, in MiB (default 4096)")
-    grd.add_argument("--no-namespaces", action="store_true",
-                     help="grade where namespaces cannot be made (no bubblewrap, user namespaces off): student code "
-                          "then runs with process limits only and can read what this user can read")
+    _limit_options(grd, notebook_help="seconds a whole notebook may run before its remaining cells score 0 "
+                                      "(default 1800)",
+                   no_namespaces_help="grade where namespaces cannot be made (no bubblewrap, user namespaces off): "
+                                      "student code then runs with process limits only and can read what this user "
+                                      "can read")
     grd.add_argument("--workers", type=int, default=None,
                      help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)
@@ -101,14 +107,11 @@ def main(argv=None):
                      choices=["visible", "after_due_date", "after_published", "hidden"],
                      help="when students see the results of hidden tests (default: after_published, when you "
                           "publish the grades); visible tests are always shown")
-    gsc.add_argument("--timeout", type=int, default=None, help="seconds a single cell may run (default 120)")
-    gsc.add_argument("--notebook-timeout", type=int, default=None,
-                     help="seconds a whole notebook may run (default 1800; keep it below Gradescope's timeout)")
-    gsc.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
-                     help="address space a student's process may use, in MiB (default 4096)")
-    gsc.add_argument("--no-namespaces", action="store_true",
-                     help="for containers where bubblewrap cannot make namespaces: student code then runs with "
-                          "process limits only and can read the autograder's files, hidden checks included")
+    _limit_options(gsc, notebook_help="seconds a whole notebook may run (default 1800; keep it below "
+                                      "Gradescope's timeout)",
+                   no_namespaces_help="for containers where bubblewrap cannot make namespaces: student code then "
+                                      "runs with process limits only and can read the autograder's files, hidden "
+                                      "checks included")
     gsc.set_defaults(run=_gradescope)
 
     args = parser.parse_args(argv)

@@ -28,8 +28,8 @@ import pytest
 
 from autograde.course import REPO
 from tests.attacks import ATTACKS
-from tests.notebooks import filled_submission, graded_test_cells
-from tests.submissions import CLASSES
+from tests.notebooks import filled_submission
+from tests.submissions import CLASSES, notebook_paths, points_per_cell
 from tests.test_attacks import EXPECTED as ATTACK_OUTCOMES
 
 FULL = os.environ.get("GRADESCOPE_FULL") == "1"
@@ -39,15 +39,6 @@ ASSIGNMENTS = sorted(CLASSES)
 SAMPLE = ["softmax_unstable", "sdpa_no_scaling", "mha_forgets_w_o", "checks_never_mask"]
 ATTACK_SAMPLE = ["reads_hidden_tests", "reads_solutions", "imports_references", "input_transformer"]
 HIDDEN_MARK = "BEGIN HIDDEN TESTS"
-
-
-def paths(assignment):
-    notebook = CLASSES[assignment].NOTEBOOK
-    return REPO / "solutions" / assignment / notebook, REPO / "exercises" / assignment / notebook
-
-
-def points(assignment):
-    return graded_test_cells(paths(assignment)[0])
 
 
 def _extract(zip_path, folder):
@@ -120,11 +111,11 @@ def cell_scores(results, assignment):
 def check_results(results, assignment):
     """Valid by Gradescope's specification, one test per test cell, a total that adds up."""
     jsonschema.validate(results, SCHEMA)
-    tests = points(assignment)
+    tests = points_per_cell(assignment)
     assert [t["max_score"] for t in results["tests"]] == list(tests.values())
     assert results["score"] == pytest.approx(sum(t["score"] for t in results["tests"]))
     assert results["stdout_visibility"] == "hidden"
-    source = nbformat.read(paths(assignment)[0], as_version=4)
+    source = nbformat.read(notebook_paths(assignment)[0], as_version=4)
     hidden = {c.metadata["nbgrader"]["grade_id"] for c in source.cells if HIDDEN_MARK in c.source}
     for test in results["tests"]:
         gid = test["extra_data"]["cell"].split(":")[1]
@@ -158,7 +149,7 @@ def test_an_unknown_assignment_or_visibility_is_refused(tmp_path):
 
 # ---------------------------------------------------------------- the same grades as locally
 def _class(assignment):
-    source, release = paths(assignment)
+    source, release = notebook_paths(assignment)
     cases = CLASSES[assignment]
     students = {"solutions_as_is": source.read_text(), "untouched": release.read_text()}
     if FULL:
@@ -207,9 +198,9 @@ def test_scores_equal_the_local_grading_command(autograder, local_grades, assign
     check_results(results, assignment)
     stem = CLASSES[assignment].NOTEBOOK.removesuffix(".ipynb")
     row = local_grades(assignment)[student]
-    local = {gid: float(row[f"{stem}:{gid}"]) for gid in points(assignment)}
+    local = {gid: float(row[f"{stem}:{gid}"]) for gid in points_per_cell(assignment)}
     assert cell_scores(results, assignment) == local
-    tests = points(assignment)
+    tests = points_per_cell(assignment)
     if student == "solutions_as_is":
         assert local == tests
     if student == "untouched":
@@ -224,7 +215,7 @@ def test_scores_equal_the_local_grading_command(autograder, local_grades, assign
 # ---------------------------------------------------------------- bad submissions
 def _other_assignment():
     """Chapter 2's student notebook under Chapter 1's name."""
-    return paths("ch2_variants")[1].read_text()
+    return notebook_paths("ch2_variants")[1].read_text()
 
 
 BAD = {
