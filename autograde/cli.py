@@ -1,4 +1,4 @@
-"""Command line: `python -m autograde generate`, `grade` and `release`."""
+"""Command line: `python -m autograde generate`, `grade`, `release` and `gradescope`."""
 import argparse
 import sys
 
@@ -47,6 +47,33 @@ def _grade(args):
     return 4 if summary.count("error") else 0
 
 
+def _gradescope(args):
+    from autograde.gradescope.build import build, points
+
+    zip_path = build(args.assignment, args.out, hidden_visibility=args.hidden_visibility,
+                     isolate=not args.no_namespaces, cell_timeout=args.timeout,
+                     notebook_timeout=args.notebook_timeout, memory_limit_mib=args.memory_limit)
+    auto, manual = points(args.assignment)
+    print(f"wrote {zip_path}\n"
+          f"Upload it as the autograder of a Gradescope programming assignment (base image Ubuntu 22.04) worth "
+          f"{auto:g} autograded points" + (f", and add a manually graded question of {manual:g} points for the "
+                                          "written answers" if manual else "") + ".")
+    if args.no_namespaces:
+        print("warning: --no-namespaces: student code will run with process limits only and can read the "
+              "autograder's files, hidden checks and solutions included")
+    return 0
+
+
+def _limit_options(parser, notebook_help, no_namespaces_help):
+    """The options that bound a student's run, shared by grading here and on Gradescope."""
+    parser.add_argument("--timeout", type=int, default=None,
+                        help="seconds a single cell (or one call of a student function) may run (default 120)")
+    parser.add_argument("--notebook-timeout", type=int, default=None, help=notebook_help)
+    parser.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
+                        help="address space a student's process may use, in MiB (default 4096)")
+    parser.add_argument("--no-namespaces", action="store_true", help=no_namespaces_help)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(prog="python -m autograde", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -64,18 +91,28 @@ def main(argv=None):
                                          "of notebooks named <student>_<anything>.ipynb as LMSs export them")
     grd.add_argument("--out", default=None,
                      help="folder for the gradebook, grades.csv and feedback (default: grading/<assignment>)")
-    grd.add_argument("--timeout", type=int, default=None,
-                     help="seconds a single cell (or one call of a student function) may run (default 120)")
-    grd.add_argument("--notebook-timeout", type=int, default=None,
-                     help="seconds a whole notebook may run before its remaining cells score 0 (default 1800)")
-    grd.add_argument("--memory-limit", type=int, default=None, metavar="MIB",
-                     help="address space a student's process may use, in MiB (default 4096)")
-    grd.add_argument("--no-namespaces", action="store_true",
-                     help="grade where namespaces cannot be made (no bubblewrap, user namespaces off): student code "
-                          "then runs with process limits only and can read what this user can read")
+    _limit_options(grd, notebook_help="seconds a whole notebook may run before its remaining cells score 0 "
+                                      "(default 1800)",
+                   no_namespaces_help="grade where namespaces cannot be made (no bubblewrap, user namespaces off): "
+                                      "student code then runs with process limits only and can read what this user "
+                                      "can read")
     grd.add_argument("--workers", type=int, default=None,
                      help="students graded at the same time (default: the number of CPU cores)")
     grd.set_defaults(run=_grade)
+
+    gsc = sub.add_parser("gradescope", help="write a Gradescope autograder (autograder.zip) for one assignment")
+    gsc.add_argument("assignment", help="assignment name, a folder of solutions/ (e.g. ch1_principles)")
+    gsc.add_argument("--out", required=True, help="folder to write autograder.zip into")
+    gsc.add_argument("--hidden-visibility", default="after_published",
+                     choices=["visible", "after_due_date", "after_published", "hidden"],
+                     help="when students see the results of hidden tests (default: after_published, when you "
+                          "publish the grades); visible tests are always shown")
+    _limit_options(gsc, notebook_help="seconds a whole notebook may run (default 1800; keep it below "
+                                      "Gradescope's timeout)",
+                   no_namespaces_help="for containers where bubblewrap cannot make namespaces: student code then "
+                                      "runs with process limits only and can read the autograder's files, hidden "
+                                      "checks included")
+    gsc.set_defaults(run=_gradescope)
 
     args = parser.parse_args(argv)
     try:

@@ -103,3 +103,17 @@ def expect_value_error(fn, *args, what, reason):
         raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
                              f"{type(exc).__name__}: {exc}") from None
     raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {describe(found)}.")
+
+
+def numpy_only(fn, *args, what):
+    """fn(*args), run in the student's process under a recorder of PyTorch's
+    operators: the exercises answered in NumPy must not compute with PyTorch,
+    whose softmax, attention or autograd would answer them in a few lines."""
+    from autograde.sandbox import in_student_process
+    from student_runtime import probes
+
+    result, used = in_student_process(probes.torch_operators_used, fn, *args, what=what)
+    if used:
+        raise GradingFailure(f"{what} computed with PyTorch ({', '.join(used)}): this exercise asks for NumPy "
+                             "(or plain Python) code that does the computation itself.")
+    return result

@@ -252,3 +252,57 @@ def torch_operators_used(fn, *args, what):
     with _operator_recorder() as ops:
         result = call(fn, *args, what=what)
     return result, sorted(ops.names)
+
+
+# ---------------------------------------------------------------- Chapter 2: the decoder layer
+
+# PyTorch's own attention layers: a DecoderLayer that hands its work to one of
+# them copies the answer instead of writing it.
+TORCH_LAYER_FUNCTIONS = ("torch.nn.functional:multi_head_attention_forward",
+                         "torch.nn.modules.activation:MultiheadAttention.forward",
+                         "torch.nn.modules.transformer:TransformerDecoderLayer.forward",
+                         "torch.nn.modules.transformer:TransformerEncoderLayer.forward",
+                         "torch.nn.modules.transformer:TransformerDecoder.forward",
+                         "torch.nn.modules.transformer:TransformerEncoder.forward",
+                         "torch.nn.modules.transformer:Transformer.forward")
+TORCH_LAYER_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer_fwd", "_transformer_decoder_only_layer_fwd")
+
+
+def _torch_layer_codes():
+    import importlib
+
+    codes = {}
+    for spec in TORCH_LAYER_FUNCTIONS:
+        module, _, qualname = spec.partition(":")
+        target = importlib.import_module(module)
+        for part in qualname.split("."):
+            target = getattr(target, part, None)
+        code = getattr(target, "__code__", None)
+        if code is not None:
+            codes[code] = qualname
+    return codes
+
+
+def torch_layers_used(fn, *args, what):
+    """(result, names of PyTorch's attention layers that ran during fn(*args)).
+    The functions are recognised by their code objects, however they were
+    reached (an attribute, an alias kept from before, a subclass), and the
+    fused operators they may dispatch to by name."""
+    import sys
+
+    codes = _torch_layer_codes()
+    seen = set()
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code in codes:
+            seen.add(codes[frame.f_code])
+
+    previous = sys.getprofile()
+    sys.setprofile(profile)
+    try:
+        with _operator_recorder() as ops:
+            result = call(fn, *args, what=what)
+    finally:
+        sys.setprofile(previous)
+    seen.update(name for name in ops.names if name in TORCH_LAYER_OPS)
+    return result, sorted(seen)

@@ -1,7 +1,8 @@
 """Hidden checks for Chapter 3 (Complexity)."""
 import numpy as np
 
-from autograde.compare import GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error
+from autograde.compare import (GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error,
+                               numpy_only)
 from autograde.memory import traced_peak
 from autograde.reference import complexity as ref
 
@@ -26,17 +27,26 @@ def check_training_flops(training_flops):
         what = f"training_flops(n={n}, d_model={d_model}, heads={heads}, d_head={d_head})"
         expect_int(call(training_flops, n, d_model, heads, d_head, what=what),
                    ref.training_flops(n, d_model, heads, d_head), what=what, hint=TRAINING_HINT)
+    numpy_only(training_flops, 64, 48, 4, 16, what="training_flops(n=64, d_model=48, heads=4, d_head=16)")
+
+
+RECEPTIVE_HINT = ("Layer l of width w and dilation δ spans (w - 1)·δ positions of its own input; with strides "
+                  "s_1, s_2, ... below it, neighbouring positions of that input lie s_1·s_2·...·s_(l-1) input "
+                  "positions apart. The top layer's own stride changes nothing for one of its outputs.")
 
 
 def check_receptive_field(receptive_field):
-    cases = [([], []), ([3], [1]), ([2, 2, 2], [1, 2, 4]), ([3, 3, 3, 3], [1, 3, 9, 27]), ([5, 1, 4], [2, 7, 3]),
-             ([2] * 10, [1] * 10), ([7, 3], [1, 1]), ([4, 4, 4], [5, 1, 5]), ([9], [100])]
-    for widths, dilations in cases:
-        what = f"receptive_field(kernel_widths={widths}, dilations={dilations})"
-        expect_int(call(receptive_field, list(widths), list(dilations), what=what),
-                   ref.receptive_field(widths, dilations), what=what,
-                   hint="A layer of width w and dilation δ reads inputs (w - 1)·δ positions apart at most, so it "
-                        "widens what one output sees by (w - 1)·δ; w^T holds only for dilations 1, w, w², ...")
+    cases = [([], [], []), ([3], [1], [1]), ([2, 2, 2], [1, 2, 4], [1, 1, 1]), ([3, 3, 3, 3], [1, 3, 9, 27], [1] * 4),
+             ([5, 1, 4], [2, 7, 3], [1, 1, 1]), ([2] * 10, [1] * 10, [1] * 10), ([7, 3], [1, 1], [1, 1]),
+             ([4, 4, 4], [5, 1, 5], [1, 1, 1]), ([9], [100], [7]), ([3, 3], [1, 1], [2, 1]), ([2, 2, 2], [1, 1, 1], [2, 2, 2]),
+             ([5, 3, 4], [2, 1, 3], [3, 2, 5]), ([4, 1, 3], [2, 5, 1], [1, 3, 2]), ([2] * 10, [1] * 10, [2] * 10),
+             ([3, 2, 2, 2], [1, 2, 1, 3], [2, 1, 3, 1]), ([2, 2], [1, 1], [1, 1000])]
+    for widths, dilations, strides in cases:
+        what = f"receptive_field(kernel_widths={widths}, dilations={dilations}, strides={strides})"
+        expect_int(call(receptive_field, list(widths), list(dilations), list(strides), what=what),
+                   ref.receptive_field(widths, dilations, strides), what=what, hint=RECEPTIVE_HINT)
+    numpy_only(receptive_field, [3, 2, 5], [1, 4, 2], [2, 1, 3],
+               what="receptive_field(kernel_widths=[3, 2, 5], dilations=[1, 4, 2], strides=[2, 1, 3])")
 
 
 # ------------------------------------------------------------- chunk length
@@ -55,6 +65,12 @@ SMALL_SHAPES = [(1, 1, 1, 1, 1), (3, 1, 2, 2, 4), (8, 8, 1, 4, 4), (12, 4, 64, 2
 HUGE_SHAPES = [(12, 4, 64, 2, 4), (32, 8, 128, 2, 2), (1, 1, 3, 1, 1), (64, 1, 80, 2, 4)]
 
 
+def _chunk_numpy_only(max_chunk_length):
+    shape = (12, 4, 64, 2, 4)
+    numpy_only(max_chunk_length, 2**30, *shape, what=f"max_chunk_length(budget_bytes={2**30}, heads, groups, d_head, "
+                                                     f"bytes_per_element, score_bytes = {shape})")
+
+
 def check_chunk_small(max_chunk_length):
     """Budgets exactly at, just below and just above every boundary for small c."""
     for shape in SMALL_SHAPES:
@@ -64,6 +80,7 @@ def check_chunk_small(max_chunk_length):
                 _check_chunk(max_chunk_length, budget, shape, expected)
             if c > 1:
                 _check_chunk(max_chunk_length, exact - 1, shape, c - 1)
+    _chunk_numpy_only(max_chunk_length)
 
 
 def check_chunk_huge(max_chunk_length):
@@ -76,6 +93,7 @@ def check_chunk_huge(max_chunk_length):
             exact = ref.chunk_bytes(c, *shape)
             _check_chunk(max_chunk_length, exact, shape, c)
             _check_chunk(max_chunk_length, exact - 1, shape, c - 1)
+    _chunk_numpy_only(max_chunk_length)
 
 
 def check_chunk_too_small(max_chunk_length):
@@ -86,6 +104,7 @@ def check_chunk_too_small(max_chunk_length):
                            what=f"max_chunk_length(budget_bytes={budget}, heads, groups, d_head, "
                                 f"bytes_per_element, score_bytes = {shape})",
                            reason=f"one token needs {ref.chunk_bytes(1, *shape)} bytes")
+    _chunk_numpy_only(max_chunk_length)
 
 
 # ------------------------------------------------ dilated and causal linear attention
@@ -119,6 +138,11 @@ DILATED_HINT = ("Query i attends to the keys j = i + m·dilation with |m| <= rad
                 "included; scores scaled by 1/sqrt(d_k), softmax over those keys only.")
 
 
+def _dilated_numpy_only(dilated_local_attention, rng):
+    q, k, v = rng.normal(size=(9, 3)), rng.normal(size=(9, 3)), rng.normal(size=(9, 2))
+    numpy_only(dilated_local_attention, q, k, v, 2, 2, what="dilated_local_attention for n=9, radius=2, dilation=2")
+
+
 def check_dilated_output(dilated_local_attention):
     rng = _rng(1)
     for n, d_k, d_v, radius, dilation in [(1, 3, 2, 0, 1), (1, 3, 2, 4, 3), (5, 4, 4, 0, 2), (5, 4, 3, 1, 1),
@@ -129,6 +153,25 @@ def check_dilated_output(dilated_local_attention):
                       ref.dilated_local_attention(q, k, v, radius, dilation),
                       f"dilated_local_attention for n={n}, d_k={d_k}, d_v={d_v}, radius={radius}, "
                       f"dilation={dilation}", DILATED_HINT)
+    _dilated_numpy_only(dilated_local_attention, rng)
+
+
+GLOBAL_HINT = ("The first n_global tokens are global: a global query attends to every key, and every other query "
+               "attends to its dilated window and to all the global keys, a global key inside the window counted "
+               "once. n_global may exceed n (then every token is global).")
+
+
+def check_dilated_global(dilated_local_attention):
+    rng = _rng(8)
+    for n, d_k, d_v, radius, dilation, n_global in [(1, 3, 2, 0, 1, 1), (6, 4, 2, 0, 1, 1), (9, 3, 3, 1, 2, 2),
+                                                    (16, 8, 2, 3, 2, 3), (12, 2, 4, 2, 3, 5), (7, 3, 3, 20, 1, 2),
+                                                    (33, 5, 4, 2, 5, 4), (5, 3, 2, 1, 2, 9), (20, 3, 2, 3, 19, 1)]:
+        q, k, v = rng.normal(size=(n, d_k)), rng.normal(size=(n, d_k)), rng.normal(size=(n, d_v))
+        _check_output(dilated_local_attention, (q, k, v, radius, dilation, n_global),
+                      ref.dilated_local_attention(q, k, v, radius, dilation, n_global),
+                      f"dilated_local_attention for n={n}, d_k={d_k}, d_v={d_v}, radius={radius}, "
+                      f"dilation={dilation}, n_global={n_global}", GLOBAL_HINT)
+    _dilated_numpy_only(dilated_local_attention, rng)
 
 
 def check_dilated_extreme(dilated_local_attention):
@@ -139,21 +182,28 @@ def check_dilated_extreme(dilated_local_attention):
         _check_output(dilated_local_attention, (q, k, v, 2, 3), ref.dilated_local_attention(q, k, v, 2, 3),
                       f"dilated_local_attention with entries of size about {scale:g}",
                       "Use a numerically stable softmax (subtract the maximum of each query's scores).")
+    _dilated_numpy_only(dilated_local_attention, rng)
 
 
 def check_dilated_memory(dilated_local_attention):
     rng = _rng(3)
 
     def inputs(n):
-        return rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4)), 4, 3
+        return rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4)), 4, 3, 2
 
     _check_memory(dilated_local_attention, inputs, ref.dilated_local_attention,
-                  "dilated_local_attention with radius=4, dilation=3, d_k=8, d_v=4")
+                  "dilated_local_attention with radius=4, dilation=3, n_global=2, d_k=8, d_v=4")
+    _dilated_numpy_only(dilated_local_attention, rng)
 
 
 CAUSAL_HINT = ("phi(x) = elu(x) + 1 elementwise; output_t = phi(q_t) @ S_t / (phi(q_t) · z_t), where S_t and z_t sum "
                "phi(k_j) v_j^T and phi(k_j) over j <= t only (token t included); leading axes are batch axes, and "
                "the last chunk may be shorter than the others.")
+
+
+def _causal_numpy_only(causal_linear_attention, rng):
+    q, k, v = rng.normal(size=(2, 9, 3)), rng.normal(size=(2, 9, 3)), rng.normal(size=(2, 9, 2))
+    numpy_only(causal_linear_attention, q, k, v, 4, what="causal_linear_attention for q of shape (2, 9, 3), chunk=4")
 
 
 def check_causal_linear_output(causal_linear_attention):
@@ -167,6 +217,7 @@ def check_causal_linear_output(causal_linear_attention):
         _check_output(causal_linear_attention, (q, k, v, chunk), ref.causal_linear_attention(q, k, v, chunk),
                       f"causal_linear_attention for q of shape {q.shape}, v of shape {v.shape}, chunk={chunk}",
                       CAUSAL_HINT)
+    _causal_numpy_only(causal_linear_attention, rng)
 
 
 def check_causal_linear_extreme(causal_linear_attention):
@@ -185,6 +236,7 @@ def check_causal_linear_extreme(causal_linear_attention):
         v = rng.normal(size=(2, 12, 3))
         _check_output(causal_linear_attention, (q, k, v, 5), ref.causal_linear_attention(q, k, v, 5),
                       f"causal_linear_attention with {label}", CAUSAL_HINT)
+    _causal_numpy_only(causal_linear_attention, rng)
 
 
 def check_causal_linear_memory(causal_linear_attention):
@@ -195,6 +247,7 @@ def check_causal_linear_memory(causal_linear_attention):
 
     _check_memory(causal_linear_attention, inputs, ref.causal_linear_attention,
                   "causal_linear_attention with 2 sequences, d_k=8, d_v=4, chunk=64")
+    _causal_numpy_only(causal_linear_attention, rng)
 
 
 def check_causal_linear_chunked(causal_linear_attention):
@@ -217,3 +270,4 @@ def check_causal_linear_chunked(causal_linear_attention):
             f"block ({block / 2**20:.0f} MiB) was ever built. Process the tokens chunk by chunk as the exercise asks: "
             "within a chunk through a causal block of the chunk's size, and through the carried state (S, z) for the "
             "earlier chunks; not one token at a time, and not as one n x n matrix.")
+    _causal_numpy_only(causal_linear_attention, rng)

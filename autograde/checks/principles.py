@@ -11,26 +11,15 @@ from autograde.compare import (
     expect_sequence,
     expect_unchanged,
 )
+from autograde.compare import numpy_only as _numpy_only
 from autograde.memory import traced_peak
 from autograde.reference import principles as ref
-from autograde.sandbox import in_student_process
-from student_runtime import probes
 
 RNG_SEED = 20260
 
 
 def _rng(offset=0):
     return np.random.default_rng(RNG_SEED + offset)
-
-
-def _numpy_only(fn, *args, what):
-    """fn(*args), which must not compute with PyTorch: its softmax or attention
-    would answer these exercises in one line."""
-    result, used = in_student_process(probes.torch_operators_used, fn, *args, what=what)
-    if used:
-        raise GradingFailure(f"{what} computed with PyTorch ({', '.join(used)}): this exercise asks for NumPy code "
-                             "that does the computation itself.")
-    return result
 
 
 # ---------------------------------------------------------------- softmax

@@ -11,9 +11,11 @@ from autograde.compare import (
     expect_sequence,
     expect_unchanged,
     expect_value_error,
+    numpy_only,
 )
+from autograde.memory import traced_peak
 from autograde.reference import variants as ref
-from autograde.sandbox import in_student_process, is_instance
+from autograde.sandbox import in_student_process, is_instance, note_sighting
 from student_runtime import probes
 
 RNG_SEED = 20261
@@ -25,45 +27,76 @@ def _rng(offset=0):
 
 # ----------------------------------------------------------- rotary embedding
 
-def _check_rope(rotary_half_split, x, positions, label):
+ROPE_HINT = ("Sequence b's real tokens are its last lengths[b] rows, at positions 0, 1, 2, ... (padding rows are "
+             "returned as they are); of the first r = rotary_dim coordinates, i pairs with i + r/2 and turns by "
+             "position * 10000^(-2i/r); coordinates r and beyond are not rotated; every head turns alike.")
+
+
+def _check_rope(rotary_half_split, x, lengths, rotary_dim, label):
     what = f"rotary_half_split for {label}"
-    expected = ref.rotary_half_split(x, positions)
-    found = call_unchanged(rotary_half_split, x, positions, what=what)
-    expect_close(found, expected, what=what, atol=1e-9,
-                 hint="Coordinate i pairs with i + d/2 (not with i + 1); the pair turns by the angle "
-                      "position * 10000^(-2i/d), and every leading axis (batch, heads) is rotated alike.")
+    expected = ref.rotary_left_padded(x, lengths, rotary_dim)
+    found = call_unchanged(rotary_half_split, x, np.asarray(lengths), rotary_dim, what=what)
+    expect_close(found, expected, what=what, atol=1e-9, hint=ROPE_HINT)
+
+
+def _rope_numpy_only(rotary_half_split, rng):
+    x, lengths = rng.normal(size=(2, 3, 4, 8)), np.array([4, 2])
+    what = "rotary_half_split for x of shape (2, 3, 4, 8), lengths [4, 2], rotary_dim=4"
+    numpy_only(rotary_half_split, x, lengths, 4, what=what)  # the values are graded by the other calls
 
 
 def check_rope_values(rotary_half_split):
-    """Leading batch and head axes, widths from 2 to 64, positions that do not start at 0."""
+    """Batches of 1 to 4 left-padded sequences, 1 to 3 heads, widths from 2 to 64,
+    rotary_dim from 2 to the whole width (None)."""
     rng = _rng(1)
-    for shape, positions in [((1, 2), [0]), ((5, 8), np.arange(5)), ((3, 7, 16), np.arange(7) + 40),
-                             ((2, 4, 6, 64), rng.permutation(6) * 1000), ((4, 2), [3, 1, 4, 1])]:
+    for shape, lengths, rotary_dim in [((1, 1, 1, 2), [1], None), ((1, 2, 5, 8), [5], None), ((3, 2, 7, 16), [7, 3, 0], None),
+                                       ((2, 1, 6, 64), [6, 1], None), ((2, 3, 5, 12), [2, 5], 4), ((4, 2, 4, 10), [4, 0, 1, 3], 2),
+                                       ((1, 1, 300, 8), [300], 6), ((2, 2, 9, 6), [9, 4], 6)]:
         x = rng.normal(size=shape)
-        _check_rope(rotary_half_split, x, np.asarray(positions), f"x of shape {shape}, positions {list(positions)}")
+        _check_rope(rotary_half_split, x, lengths, rotary_dim,
+                    f"x of shape {shape}, lengths {list(lengths)}, rotary_dim={rotary_dim}")
+    _rope_numpy_only(rotary_half_split, rng)
+
+
+def _rope_call(rotary_half_split, x, lengths, rotary_dim, what):
+    args = (x, lengths) if rotary_dim is None else (x, lengths, rotary_dim)   # the default, as a student calls it
+    return call(rotary_half_split, *args, what=what)
 
 
 def check_rope_rotation(rotary_half_split):
-    """Lengths are kept, scores depend only on the offset, and an odd width is refused."""
+    """Lengths kept, scores of real tokens independent of how much padding precedes
+    them, coordinates past rotary_dim untouched, and an odd or too large rotary_dim refused."""
     rng = _rng(2)
-    heads, n, d = 3, 6, 12
-    q, k = rng.normal(size=(heads, n, d)), rng.normal(size=(heads, n, d))
-    for shift in (0, 7, 250):
-        positions = np.arange(n) + shift
-        what = f"rotary_half_split with positions {shift}..{shift + n - 1}"
-        rq = call(rotary_half_split, q.copy(), positions, what=what)
-        rk = call(rotary_half_split, k.copy(), positions, what=what)
-        expect_close(np.linalg.norm(rq, axis=-1), np.linalg.norm(q, axis=-1), what=f"the lengths of the rows after {what}",
-                     hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
-        scores = rq @ np.swapaxes(rk, -1, -2)
-        if shift == 0:
-            base_scores = scores
-        expect_close(scores, base_scores, what=f"the scores q_m . k_n after {what}", atol=1e-8,
-                     hint="Shifting every position by the same amount must leave the scores unchanged: "
-                          "rotate the query and the key of a pair with the same frequency.")
-    for d_odd in (1, 5, 9):
-        expect_value_error(rotary_half_split, np.ones((2, d_odd)), np.arange(2),
-                           what=f"rotary_half_split for rows of width {d_odd}", reason="the width is odd")
+    for width in (5, 9):  # called as a student calls it, rotary_dim left to its default
+        expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]),
+                           what=f"rotary_half_split for rows of width {width}",
+                           reason="an odd width cannot be split into pairs")
+    heads, d = 3, 12
+    tokens = rng.normal(size=(2, heads, 5, d))      # five real tokens of a query and of a key array
+    for rotary_dim in (None, 8):
+        for padding in (0, 1, 4):
+            x = np.concatenate([rng.normal(scale=50.0, size=(2, heads, padding, d)), tokens], axis=2)
+            what = f"rotary_half_split with {padding} padding rows before the same 5 tokens, rotary_dim={rotary_dim}"
+            turned = _rope_call(rotary_half_split, x.copy(), np.array([5, 5]), rotary_dim, what)
+            expect_close(np.linalg.norm(turned, axis=-1), np.linalg.norm(x, axis=-1),
+                         what=f"the lengths of the rows after {what}",
+                         hint="A rotation keeps every row's length: (a cos - b sin, a sin + b cos).")
+            real = turned[:, :, padding:]
+            scores = real[0] @ np.swapaxes(real[1], -1, -2)
+            if padding == 0:
+                base_scores = scores
+            expect_close(scores, base_scores, what=f"the scores between the real tokens after {what}", atol=1e-8,
+                         hint="Each sequence counts positions from its first real token, and the query and the key "
+                              "of a pair turn with the same frequencies.")
+            if rotary_dim is not None:
+                expect_close(turned[..., rotary_dim:], x[..., rotary_dim:],
+                             what=f"the coordinates from rotary_dim on after {what}",
+                             hint="Only the first rotary_dim coordinates are rotated; the others pass through.")
+    for width, rotary_dim in ((8, 3), (6, 8), (4, 5)):
+        expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]), rotary_dim,
+                           what=f"rotary_half_split for rows of width {width} with rotary_dim={rotary_dim}",
+                           reason="the rotated width must be even and no larger than the row")
+    _rope_numpy_only(rotary_half_split, rng)
 
 
 # ------------------------------------------------- left padding and causality
@@ -77,6 +110,13 @@ def _run_padded(left_padded_causal_attention, q, k, v, lengths):
     found = call_unchanged(left_padded_causal_attention, q, k, v, np.asarray(lengths), what=what)
     expect_array(found, shape=q.shape[:-1] + v.shape[-1:], what=what)
     return found, what
+
+
+def _padded_numpy_only(left_padded_causal_attention, rng):
+    q, k, v = _padded_inputs(rng, 2, 5, 3, 2)
+    lengths = np.array([3, 5])
+    what = f"left_padded_causal_attention for q of shape {q.shape}, lengths {list(lengths)}"
+    numpy_only(left_padded_causal_attention, q, k, v, lengths, what=what)  # values graded by the other calls
 
 
 def check_left_padded_values(left_padded_causal_attention):
@@ -96,6 +136,7 @@ def check_left_padded_values(left_padded_causal_attention):
                          what=f"the real rows of sequence {b} (length {length}, padded on the left) from {what}",
                          hint="Sequence b's tokens are its last lengths[b] positions; query i may attend to key j "
                               "when j <= i and j is a real token, itself included. Scale by 1/sqrt(d_k).")
+    _padded_numpy_only(left_padded_causal_attention, rng)
 
 
 def check_left_padded_empty_rows(left_padded_causal_attention):
@@ -113,6 +154,7 @@ def check_left_padded_empty_rows(left_padded_causal_attention):
             if np.any(rows != 0):
                 raise GradingFailure(f"{what}: the {n - length} padding rows of sequence {b} (length {length}) "
                                      "should be exactly zero; a padding query sees only padding keys, all masked.")
+    _padded_numpy_only(left_padded_causal_attention, rng)
 
 
 # ------------------------------------------------- grouped-query KV cache
@@ -157,6 +199,11 @@ def check_decode_step(decode_step):
         stored = rng.normal(scale=2.0, size=(n_kv, 5, d_head)), rng.normal(size=(n_kv, 5, d_head))
         _check_step(decode_step, rng.normal(size=d_model), *stored, weights, n_heads,
                     f"a cache of 5 stored rows ({label})")
+    d_model, n_heads, n_kv, d_head = GQA_CONFIGS[1]
+    weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+    x_t, cache_k, cache_v = rng.normal(size=d_model), rng.normal(size=(n_kv, 3, d_head)), rng.normal(size=(n_kv, 3, d_head))
+    what = f"decode_step with n_heads={n_heads}, {n_kv} KV heads and a cache of 3 rows"
+    numpy_only(decode_step, x_t, cache_k, cache_v, *weights, n_heads, what=what)
 
 
 def _same_rows(found, expected):
@@ -199,6 +246,8 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
         for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls):
             if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
                     and _same_rows(cache_v, values[:, :t])):
+                note_sighting(decode_with_kv_cache, "decode_step given caches it did not build",
+                              f"{what}: call {t} of decode_step was given other keys or values than the caches hold")
                 raise GradingFailure(
                     f"{what}: call {t} of decode_step was not given token {t} and the keys and values of tokens "
                     f"0..{t - 1}, as the caches returned by the earlier calls hold them.")
@@ -206,6 +255,10 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
                 raise GradingFailure(
                     f"{what}: row {t} of the result is not the output that decode_step returned for token {t}; "
                     "the result must be built from the decoding steps.")
+    d_model, n_heads, n_kv, d_head = GQA_CONFIGS[2]
+    x, weights = rng.normal(size=(5, d_model)), _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
+    what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
+    numpy_only(decode_with_kv_cache, x, *weights, n_heads, what=what)
 
 
 # ------------------------------------------- entropy against temperature
@@ -217,6 +270,13 @@ def _check_slope(entropy_temperature_slope, scores, tau, label, hint):
     expect_close(found, expected, what=what, rtol=1e-6, atol=1e-9, hint=hint)
 
 
+def _slope_numpy_only(entropy_temperature_slope, rng):
+    scores, tau = rng.normal(scale=2.0, size=(3, 5)), 0.8
+    scores[1, 2] = -np.inf
+    what = f"entropy_temperature_slope for scores of shape {scores.shape} with a masked key, tau={tau:g}"
+    numpy_only(entropy_temperature_slope, scores, tau, what=what)
+
+
 def check_slope_values(entropy_temperature_slope):
     """Any number of leading axes and temperatures from 0.25 to 5."""
     rng = _rng(7)
@@ -224,6 +284,7 @@ def check_slope_values(entropy_temperature_slope):
             "scores without its last axis.")
     for shape, tau in [((5,), 1.0), ((3, 4), 0.25), ((2, 3, 6), 2.0), ((1, 1), 1.0), ((4, 8), 5.0)]:
         _check_slope(entropy_temperature_slope, rng.normal(scale=2.0, size=shape), tau, f"scores of shape {shape}", hint)
+    _slope_numpy_only(entropy_temperature_slope, rng)
 
 
 def check_slope_limits(entropy_temperature_slope):
@@ -241,6 +302,7 @@ def check_slope_limits(entropy_temperature_slope):
     _check_slope(entropy_temperature_slope, rng.normal(size=(2, 7)) + 1e6, 1.0, "scores near a million",
                  "The slope does not change when a constant is added to a row: centre the scores on their mean "
                  "before squaring, instead of E[s^2] - E[s]^2.")
+    _slope_numpy_only(entropy_temperature_slope, rng)
 
 
 # ---------------------------------------------------------- additive attention
@@ -259,6 +321,12 @@ def _check_additive(concat_additive_attention, inputs, label, hint):
     expect_close(result[0], ref_out, what=f"the output from {what}")
 
 
+def _additive_numpy_only(concat_additive_attention, rng):
+    inputs = _additive_inputs(rng, (), 3, 4, 4, 4, 6, 3)
+    what = "concat_additive_attention with n_q=3, n_k=4, d_q=d_k=4"
+    numpy_only(concat_additive_attention, *inputs, what=what)
+
+
 def check_additive_batched(concat_additive_attention):
     """Zero to two batch axes, n_q != n_k, different query, key, hidden and value widths."""
     rng = _rng(9)
@@ -269,6 +337,7 @@ def check_additive_batched(concat_additive_attention):
                         f"d_h={d_h}, d_v={d_v}",
                         "[q_i, k_j] @ w_cat = q_i @ (first d_q rows of w_cat) + k_j @ (the other d_k rows); "
                         "softmax over the keys j.")
+    _additive_numpy_only(concat_additive_attention, rng)
 
 
 def check_additive_extreme(concat_additive_attention):
@@ -278,6 +347,47 @@ def check_additive_extreme(concat_additive_attention):
         _check_additive(concat_additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
                         f"w_score entries of size about {scale:g}",
                         "Use a numerically stable softmax (subtract the row maximum).")
+    _additive_numpy_only(concat_additive_attention, rng)
+
+
+def check_additive_key_mask(concat_additive_attention):
+    """Masked keys get zero weight, a sequence with no real key gives zero rows
+    (never NaN), and a mask of all True changes nothing."""
+    rng = _rng(11)
+    for lead, n_q, n_k, d_q, d_k, d_h, d_v in [((3,), 4, 5, 3, 2, 6, 2), ((2, 2), 2, 6, 4, 4, 3, 3), ((1,), 1, 1, 2, 3, 2, 1)]:
+        inputs = _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v)
+        key_mask = rng.random((*lead, n_k)) < 0.6
+        key_mask.reshape(-1, n_k)[0] = False                        # one sequence with no real key
+        if key_mask.size > n_k:
+            key_mask.reshape(-1, n_k)[-1] = True                    # and one with every key real
+        what = f"concat_additive_attention with batch axes {lead}, n_q={n_q}, n_k={n_k} and key_mask {key_mask.tolist()}"
+        ref_out, ref_weights = ref.concat_additive_attention(*inputs, key_mask)
+        result = call_unchanged(concat_additive_attention, *inputs, key_mask=key_mask, what=what)
+        expect_sequence(result, 2, what=what, names="(output, weights)")
+        hint = ("A key whose key_mask entry is False gets weight 0; a sequence whose keys are all masked has no key "
+                "to attend to, so its weights and outputs are zeros, not NaN.")
+        expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
+        expect_close(result[0], ref_out, what=f"the output from {what}", hint=hint)
+    _additive_numpy_only(concat_additive_attention, rng)
+
+
+def check_additive_memory(concat_additive_attention):
+    """Wide queries and keys, a narrow hidden layer: the concatenated pairs
+    [q_i; k_j] are never built, only the n_q x n_k x d_h hidden values."""
+    rng = _rng(12)
+    n_q, n_k, d_q, d_k, d_h, d_v = 64, 64, 256, 192, 4, 2
+    inputs = _additive_inputs(rng, (), n_q, n_k, d_q, d_k, d_h, d_v)
+    what = f"concat_additive_attention with n_q={n_q}, n_k={n_k}, d_q={d_q}, d_k={d_k}, d_h={d_h}"
+    result, peak = traced_peak(call, concat_additive_attention, *inputs, what=what)
+    expect_sequence(result, 2, what=what, names="(output, weights)")
+    expect_close(result[0], ref.concat_additive_attention(*inputs)[0], what=f"the output from {what}")
+    pairs = n_q * n_k * (d_q + d_k) * 8
+    if peak >= pairs // 4:
+        raise GradingFailure(
+            f"{what}: the peak memory was {peak / 2**20:.2f} MiB, while all the pairs [q_i; k_j] take "
+            f"{pairs / 2**20:.0f} MiB and the hidden values only {n_q * n_k * d_h * 8 / 2**20:.2f} MiB. Split w_cat "
+            "instead of the pairs: project the queries and the keys once each, then add them pair by pair.")
+    _additive_numpy_only(concat_additive_attention, rng)
 
 
 # ------------------------------------------------------------ decoder layer
@@ -351,7 +461,10 @@ def _check_decoder(DecoderLayer, norm_first):
         before = x.clone(), memory.clone()
         what = (f"the {kind} output of {what} for x of shape {tuple(x.shape)} and memory of shape "
                 f"{tuple(memory.shape)}")
-        found = call(layer, x, memory, what=what)
+        found, used = in_student_process(probes.torch_layers_used, layer, x, memory, what=what)
+        if used:
+            raise GradingFailure(f"{what} ran PyTorch's own attention layers ({', '.join(used)}): write the "
+                                 "attention blocks yourself from the given Linear layers, as the exercise asks.")
         if not isinstance(found, torch.Tensor):
             raise GradingFailure(f"{what} should be a torch.Tensor, but is {describe(found)}.")
         if not (torch.equal(before[0], x) and torch.equal(before[1], memory)):

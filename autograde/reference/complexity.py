@@ -44,21 +44,32 @@ def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, sco
     return c
 
 
-def receptive_field(kernel_widths, dilations):
-    """Layer l of width w_l and dilation delta_l widens the view by (w_l - 1) delta_l."""
-    return 1 + sum((w - 1) * step for w, step in zip(kernel_widths, dilations))
+def receptive_field(kernel_widths, dilations, strides=None):
+    """Layer l of width w_l and dilation delta_l widens the view by (w_l - 1) delta_l of its
+    own input's positions, each the product of the strides below it apart in the input."""
+    seen, spacing = 1, 1
+    strides = [1] * len(kernel_widths) if strides is None else strides
+    for w, step, stride in zip(kernel_widths, dilations, strides):
+        seen += (w - 1) * step * spacing
+        spacing *= stride
+    return seen
 
 
-def dilated_local_attention(q, k, v, radius, dilation):
-    """Query i attends to keys i + m * dilation, |m| <= radius, inside the sequence."""
+def dilated_local_attention(q, k, v, radius, dilation, n_global=0):
+    """Query i attends to keys i + m * dilation, |m| <= radius, inside the sequence, and to
+    the first n_global (global) keys; a global query attends to every key."""
     q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     n = len(q)
+    g = min(n_global, n)
     out = np.empty((n, v.shape[1]))
     for i in range(n):
-        first = i - min(radius, i // dilation) * dilation
-        stop = min(n, i + radius * dilation + 1)
-        keys, values = k[first:stop:dilation], v[first:stop:dilation]
-        out[i] = softmax(keys @ q[i] / np.sqrt(q.shape[1])) @ values
+        if i < g:
+            js = np.arange(n)
+        else:
+            first = i - min(radius, i // dilation) * dilation
+            stop = min(n, i + radius * dilation + 1)
+            js = np.union1d(np.arange(g), np.arange(first, stop, dilation))
+        out[i] = softmax(k[js] @ q[i] / np.sqrt(q.shape[1])) @ v[js]
     return out
 
 

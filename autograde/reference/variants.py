@@ -4,17 +4,27 @@ import numpy as np
 from autograde.reference.principles import softmax
 
 
-def rotary_half_split(x, positions, base=10000.0):
-    """RoPE pairing coordinate i with i + d/2, the layout of most libraries."""
+def rotary_half_split(x, positions, rotary_dim=None, base=10000.0):
+    """RoPE pairing coordinate i with i + r/2 over the first r = rotary_dim coordinates (the
+    rest pass through); positions broadcast against x.shape[:-1]."""
     x = np.asarray(x, dtype=np.float64)
     d = x.shape[-1]
-    if d % 2:
-        raise ValueError(f"rotary embeddings need an even width, got {d}")
-    half = d // 2
-    angle = np.outer(np.asarray(positions, dtype=np.float64), base ** (-2.0 * np.arange(half) / d))
+    r = d if rotary_dim is None else int(rotary_dim)
+    if r % 2 or r > d:
+        raise ValueError(f"rotary embeddings need an even rotary_dim no larger than the width {d}, got {r}")
+    half = r // 2
+    angle = np.asarray(positions, dtype=np.float64)[..., None] * base ** (-2.0 * np.arange(half) / r)
     cos, sin = np.cos(angle), np.sin(angle)
-    first, second = x[..., :half], x[..., half:]
-    return np.concatenate([first * cos - second * sin, first * sin + second * cos], axis=-1)
+    first, second = x[..., :half], x[..., half:r]
+    return np.concatenate([first * cos - second * sin, first * sin + second * cos, x[..., r:]], axis=-1)
+
+
+def rotary_left_padded(x, lengths, rotary_dim=None):
+    """Exercise 1: x of shape (batch, heads, n, d) padded on the left; sequence b's real
+    tokens are its last lengths[b] rows, at positions 0, 1, ...; padding rows are left alone."""
+    n = np.shape(x)[-2]
+    positions = np.arange(n)[None, :] - (n - np.asarray(lengths))[:, None]     # (batch, n)
+    return rotary_half_split(x, np.maximum(positions, 0)[:, None, :], rotary_dim)
 
 
 def causal_mask(n):
@@ -82,8 +92,19 @@ def entropy_temperature_slope(scores, tau):
     return np.sum(p * (s - mean) ** 2, axis=-1) / tau ** 3
 
 
-def concat_additive_attention(q, k, v, w_cat, w_score):
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    """key_mask (..., n_k), True for a real key; a query with no real key gets zero weights."""
     d_q = q.shape[-1]
     hidden = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :])
-    weights = softmax(hidden @ w_score, axis=-1)
+    scores = hidden @ w_score
+    if key_mask is None:
+        weights = softmax(scores, axis=-1)
+    else:
+        keep = np.asarray(key_mask, dtype=bool)[..., None, :]
+        scores = np.where(keep, scores, -np.inf)
+        top = scores.max(axis=-1, keepdims=True)
+        top = np.where(np.isfinite(top), top, 0.0)
+        e = np.exp(scores - top)
+        total = e.sum(axis=-1, keepdims=True)
+        weights = e / np.where(total > 0, total, 1.0)
     return weights @ v, weights

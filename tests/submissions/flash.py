@@ -346,3 +346,7 @@ CORRECT = {
     "bwd_one_kernel_with_atomics": STYLE_BWD_ATOMICS,
     "bwd_unequal_blocks": STYLE_BWD_UNEQUAL_BLOCKS,
 }
+
+# Planted answers that the integrity report must flag for a person to look at.
+FLAGGED = {case: {"imports the book's helpers"}
+           for case in ("merge_imports_the_books_helper", "bwd_books_staged_kernels")}
