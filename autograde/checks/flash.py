@@ -19,7 +19,7 @@ from autograde.compare import (GradingFailure, call, call_unchanged, describe, e
                                expect_sequence)
 from autograde.memory import traced_peak
 from autograde.reference import flash as ref
-from autograde.sandbox import in_student_process
+from autograde.sandbox import in_student_process, note_sighting
 from coursekit.triton_trace import interpreting
 from student_runtime import probes
 
@@ -228,6 +228,8 @@ def _random_signs(shape):
     return np.random.default_rng(secrets.randbits(64)).choice(np.array([-1.0, 1.0]), size=tuple(shape))
 
 
+# The integrity report's reason when results do not follow the kernels' loads.
+FOLLOW_SIGHTING = "results computed outside the Triton kernels"
 FOLLOW_HINT = ("While this call ran, the grader changed the signs of some keys as your kernels loaded them; what your "
                "kernels compute follows such a change, anything computed outside them (on the host, by NumPy or "
                "PyTorch, or before the launch) does not. Compute the results in your kernels from what they load.")
@@ -283,6 +285,7 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
                                                                         atol=atol * max(1.0, np.abs(w).max()))
 
         if not any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted):
+            note_sighting(flash_attention_backward, FOLLOW_SIGHTING, f"{what}: the gradients did not follow")
             raise GradingFailure(f"{what}: the gradients do not follow the keys your kernels loaded. {FOLLOW_HINT}")
 
 
@@ -422,6 +425,7 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
                                     sm_scale, what, flip_k=signs)
         if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want.shape
                 and np.allclose(out.detach().double().cpu().numpy(), want, rtol=rtol, atol=atol)):
+            note_sighting(decode_attention, FOLLOW_SIGHTING, f"{what}: the output did not follow")
             raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. {FOLLOW_HINT}")
     return launches
 

@@ -348,5 +348,7 @@ CORRECT = {
 }
 
 # Planted answers that the integrity report must flag for a person to look at.
-FLAGGED = {case: {"imports the book's helpers"}
-           for case in ("merge_imports_the_books_helper", "bwd_books_staged_kernels")}
+FLAGGED = {**{case: {"imports the book's helpers"}
+              for case in ("merge_imports_the_books_helper", "bwd_books_staged_kernels")},
+           **{case: {"sandbox: results computed outside the Triton kernels"}
+              for case in ("bwd_gradients_in_numpy", "decode_in_numpy")}}
