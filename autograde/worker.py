@@ -76,6 +76,9 @@ def _grade_notebook(job, name, outcome):
 
 
 _BOUNDED = False
+# What a grading worker may always add to its heap: its tests compute expected
+# answers, whatever limit the students' processes get.
+WORKER_MEMORY_FLOOR_BYTES = 2 * 2**30
 
 
 def bound_memory(extra_bytes):
@@ -105,8 +108,10 @@ def grade_student(job):
     """Worker entry point: an Outcome, whatever the submission does."""
     import time
 
-    # As much room as a student's process gets (none where a GPU needs it unbounded).
-    bound_memory(job.limits.memory_bytes)
+    # As much room as a student's process gets, and never less than the grader
+    # itself needs (none where a GPU needs it unbounded).
+    if job.limits.memory_bytes:
+        bound_memory(max(job.limits.memory_bytes, WORKER_MEMORY_FLOOR_BYTES))
     started = time.monotonic()
     outcome = Outcome(student=job.student)
     for name in job.notebooks:

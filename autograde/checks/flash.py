@@ -285,8 +285,13 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
                                                                         atol=atol * max(1.0, np.abs(w).max()))
 
         if not any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted):
-            note_sighting(flash_attention_backward, FOLLOW_SIGHTING, f"{what}: the gradients did not follow")
-            raise GradingFailure(f"{what}: the gradients do not follow the keys your kernels loaded. {FOLLOW_HINT}")
+            if all(close(g, w) for g, w in zip(grads, expected)):  # unchanged: not computed from the loads
+                note_sighting(flash_attention_backward, FOLLOW_SIGHTING, f"{what}: the gradients did not follow")
+                raise GradingFailure(f"{what}: the gradients do not follow the keys your kernels loaded. "
+                                     f"{FOLLOW_HINT}")
+            raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of "
+                                 f"some keys as your kernels loaded them: a formula that only holds for some inputs. "
+                                 f"{BWD_HINT}")
 
 
 def check_bwd_output(flash_attention_backward):
@@ -423,10 +428,15 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
                                     lens, sm_scale)
         out, _ = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
                                     sm_scale, what, flip_k=signs)
-        if not (isinstance(out, torch.Tensor) and tuple(out.shape) == want.shape
-                and np.allclose(out.detach().double().cpu().numpy(), want, rtol=rtol, atol=atol)):
-            note_sighting(decode_attention, FOLLOW_SIGHTING, f"{what}: the output did not follow")
-            raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. {FOLLOW_HINT}")
+        found = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else None
+        if not (found is not None and found.shape == want.shape and np.allclose(found, want, rtol=rtol, atol=atol)):
+            if found is not None and found.shape == expected.shape and np.allclose(found, expected, rtol=rtol,
+                                                                                   atol=atol):
+                note_sighting(decode_attention, FOLLOW_SIGHTING, f"{what}: the output did not follow")
+                raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. "
+                                     f"{FOLLOW_HINT}")
+            raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of "
+                                 f"some keys as your kernels loaded them. {DECODE_HINT}")
     return launches
 
 
