@@ -231,14 +231,14 @@ BAD = {
 @pytest.mark.parametrize("case", sorted(BAD))
 def test_a_bad_submission_scores_zero_with_its_reason(autograder, case):
     files, reason = BAD[case]
-    release = paths("ch1_principles")[1].read_text()
+    release = notebook_paths("ch1_principles")[1].read_text()
     files = {name: {"RELEASE": release, "OTHER": _other_assignment()}.get(text, text) for name, text in files.items()}
     results, proc = autograder("ch1_principles").grade(files)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     jsonschema.validate(results, SCHEMA)
     assert results["score"] == 0
     assert reason in results["output"], results["output"]
-    assert [t["score"] for t in results["tests"]] == [0] * len(points("ch1_principles"))
+    assert [t["score"] for t in results["tests"]] == [0] * len(points_per_cell("ch1_principles"))
 
 
 # ---------------------------------------------------------------- failures record no score
@@ -262,7 +262,7 @@ def test_a_broken_environment_records_no_score(autograder, tmp_path):
     saved = environment.read_text()
     try:
         environment.write_text(f"COURSE_PYTHON={tmp_path / 'no-such-python'}\n")
-        results, proc = grader.grade({"principles.ipynb": paths("ch1_principles")[0].read_text()})
+        results, proc = grader.grade({"principles.ipynb": notebook_paths("ch1_principles")[0].read_text()})
     finally:
         environment.write_text(saved)
     assert proc.returncode == 3
@@ -276,7 +276,7 @@ def test_a_grader_failure_records_no_score(autograder):
     saved = settings_path.read_text()
     try:
         settings_path.write_text(json.dumps({**json.loads(saved), "assignment": "ch9_missing"}))
-        results, proc = grader.grade({"principles.ipynb": paths("ch1_principles")[0].read_text()})
+        results, proc = grader.grade({"principles.ipynb": notebook_paths("ch1_principles")[0].read_text()})
     finally:
         settings_path.write_text(saved)
     assert proc.returncode in (3, 4)
@@ -289,7 +289,7 @@ def test_student_code_cannot_read_the_autograder_source(autograder):
     """A softmax that is right only if it could read the zip's files: the
     solutions, the hidden checks or the settings under source/."""
     grader = autograder("ch1_principles")
-    source, release = paths("ch1_principles")
+    source, release = notebook_paths("ch1_principles")
     secret = grader.root / "source"
     attack = filled_submission(release, source, {"softmax": f'''
 import os
@@ -312,7 +312,7 @@ def softmax(x, axis=-1):
     results, proc = grader.grade({"principles.ipynb": attack})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_results(results, "ch1_principles")
-    tests = points("ch1_principles")
+    tests = points_per_cell("ch1_principles")
     lost = {gid for gid, score in cell_scores(results, "ch1_principles").items() if score < tests[gid]}
     assert {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"} <= lost
     # The audit hook saw the attempt: the instructor reads it in stdout, the student nowhere.
@@ -326,12 +326,12 @@ def test_attacks_have_the_same_outcome_as_locally(autograder, attack):
     loses what it loses in the local batch (tests/test_attacks.py) and is
     flagged in stdout only."""
     grader = autograder("ch1_principles")
-    source, release = paths("ch1_principles")
+    source, release = notebook_paths("ch1_principles")
     notebook = ATTACKS[attack](release, source, (grader.root / "grading" / "out").resolve())
     results, proc = grader.grade({"principles.ipynb": notebook})
     assert proc.returncode == 0, proc.stdout + proc.stderr
     check_results(results, "ch1_principles")
-    tests = points("ch1_principles")
+    tests = points_per_cell("ch1_principles")
     lost = {gid for gid, score in cell_scores(results, "ch1_principles").items() if score != tests[gid]}
     expected_lost, expected_flags = ATTACK_OUTCOMES[attack]
     assert lost == expected_lost, proc.stdout
