@@ -235,6 +235,20 @@ FOLLOW_HINT = ("While this call ran, the grader changed the signs of some keys a
                "PyTorch, or before the launch) does not. Compute the results in your kernels from what they load.")
 
 
+def _judge_follow(fn, what, results, *, followed, unchanged, hint):
+    """The verdict on a call whose loaded keys had some signs flipped: the results
+    must follow them. Results that did not change at all were computed outside the
+    kernels (reported for a person to look at); other wrong ones hold only for
+    some inputs."""
+    if followed:
+        return
+    if unchanged:
+        note_sighting(fn, FOLLOW_SIGHTING, f"{what}: {results} did not follow")
+        raise GradingFailure(f"{what}: {results} did not follow the keys your kernels loaded. {FOLLOW_HINT}")
+    raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of some keys "
+                         f"as your kernels loaded them: {hint}")
+
+
 def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
                follow=False):
     import torch
@@ -284,14 +298,10 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
             return g is not None and g.shape == w.shape and np.allclose(g, w, rtol=rtol,
                                                                         atol=atol * max(1.0, np.abs(w).max()))
 
-        if not any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted):
-            if all(close(g, w) for g, w in zip(grads, expected)):  # unchanged: not computed from the loads
-                note_sighting(flash_attention_backward, FOLLOW_SIGHTING, f"{what}: the gradients did not follow")
-                raise GradingFailure(f"{what}: the gradients do not follow the keys your kernels loaded. "
-                                     f"{FOLLOW_HINT}")
-            raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of "
-                                 f"some keys as your kernels loaded them: a formula that only holds for some inputs. "
-                                 f"{BWD_HINT}")
+        _judge_follow(flash_attention_backward, what, "the gradients",
+                      followed=any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted),
+                      unchanged=all(close(g, w) for g, w in zip(grads, expected)),
+                      hint=f"a formula that only holds for some inputs. {BWD_HINT}")
 
 
 def check_bwd_output(flash_attention_backward):
@@ -429,14 +439,11 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
         out, _ = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
                                     sm_scale, what, flip_k=signs)
         found = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else None
-        if not (found is not None and found.shape == want.shape and np.allclose(found, want, rtol=rtol, atol=atol)):
-            if found is not None and found.shape == expected.shape and np.allclose(found, expected, rtol=rtol,
-                                                                                   atol=atol):
-                note_sighting(decode_attention, FOLLOW_SIGHTING, f"{what}: the output did not follow")
-                raise GradingFailure(f"{what}: the output does not follow the keys your kernels loaded. "
-                                     f"{FOLLOW_HINT}")
-            raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of "
-                                 f"some keys as your kernels loaded them. {DECODE_HINT}")
+        def close(w):
+            return found is not None and found.shape == w.shape and np.allclose(found, w, rtol=rtol, atol=atol)
+
+        _judge_follow(decode_attention, what, "the output", followed=close(want), unchanged=close(expected),
+                      hint=DECODE_HINT)
     return launches
 
 

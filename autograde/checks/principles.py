@@ -10,8 +10,8 @@ from autograde.compare import (
     expect_scalar,
     expect_sequence,
     expect_unchanged,
+    numpy_only,
 )
-from autograde.compare import numpy_only as _numpy_only
 from autograde.memory import traced_peak
 from autograde.reference import principles as ref
 
@@ -42,7 +42,7 @@ def check_softmax_any_axis(softmax):
                  hint="The default must be the last axis (axis=-1).")
     x = rng.normal(size=(2, 3, 4))
     expected, what = ref.softmax(x, axis=1), "softmax(x, axis=1) for x of shape (2, 3, 4)"
-    expect_close(_numpy_only(softmax, x, 1, what=what), expected, what=what)
+    expect_close(numpy_only(softmax, x, 1, what=what), expected, what=what)
 
 
 def check_softmax_stable(softmax):
@@ -67,7 +67,7 @@ def check_softmax_stable(softmax):
                          hint="Subtract the maximum along the axis before exponentiating.")
     x = np.array([[1e4, 0.0, -np.inf], [-1e4, -1e4 + 1, 5.0]])
     expected, what = ref.softmax(x), "softmax(x) with entries of 1e4 and -inf"
-    expect_close(_numpy_only(softmax, x, -1, what=what), expected, what=what)
+    expect_close(numpy_only(softmax, x, -1, what=what), expected, what=what)
     # Shift invariance: softmax(x + c) == softmax(x) even for huge c.
     x = rng.normal(size=(2, 5))
     for c in (1e3, -1e3, 5e3):
@@ -120,7 +120,7 @@ def check_sdpa_batched_and_masked(scaled_dot_product_attention):
     q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 4)), rng.normal(size=(2, 5, 2))
     expected = ref.scaled_dot_product_attention(q, k, v)[0]
     what = "scaled_dot_product_attention for a batch of 2 sequences"
-    result = _numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
+    result = numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
     expect_sequence(result, 2, what=what, names="(output, weights)")
     expect_close(result[0], expected, what=f"the output from {what}")
 
@@ -142,7 +142,7 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
     q, k, v = rng.normal(scale=300.0, size=(3, 8)), rng.normal(scale=300.0, size=(5, 8)), rng.normal(size=(5, 2))
     expected = ref.scaled_dot_product_attention(q, k, v)[0]
     what = "scaled_dot_product_attention with query/key entries of size about 300, one sequence"
-    result = _numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
+    result = numpy_only(scaled_dot_product_attention, q, k, v, None, what=what)
     expect_sequence(result, 2, what=what, names="(output, weights)")
     expect_close(result[0], expected, what=f"the output from {what}")
 
@@ -201,7 +201,7 @@ def check_softmax_jvp(softmax_jvp):
                  hint="The default must be the last axis (axis=-1).")
     x, u = rng.normal(size=(2, 6)), rng.normal(size=(2, 6))
     expected, what = ref.softmax_jvp(x, u), "softmax_jvp(x, u) for x of shape (2, 6)"
-    expect_close(_numpy_only(softmax_jvp, x, u, what=what), expected, what=what)
+    expect_close(numpy_only(softmax_jvp, x, u, what=what), expected, what=what)
     # Ju needs O(n) memory per slice; J itself is n x n: 32 MiB for one slice of 2048.
     n = 2048
     x, u = rng.normal(size=(4, n)), rng.normal(size=(4, n))
