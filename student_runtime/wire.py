@@ -88,7 +88,7 @@ def encode(value, blobs, on_other):
             return {"$": "tdtype", "v": str(value).removeprefix("torch.")}
     if isinstance(value, np.random.Generator) and type(value.bit_generator) is np.random.PCG64:
         return {"$": "rng", "state": value.bit_generator.state}
-    if type(value) in (tuple, list):
+    if type(value) in (tuple, list, set, frozenset):
         return {"$": type(value).__name__, "v": [encode(v, blobs, on_other) for v in value]}
     if type(value) is dict and all(isinstance(k, str) for k in value):
         return {"$": "dict", "v": {k: encode(v, blobs, on_other) for k, v in value.items()}}
@@ -158,6 +158,12 @@ def decode(obj, blobs, on_marker):
     if tag in ("tuple", "list"):
         items = [decode(v, blobs, on_marker) for v in obj["v"]]
         return tuple(items) if tag == "tuple" else items
+    if tag in ("set", "frozenset"):
+        items = [decode(v, blobs, on_marker) for v in obj["v"]]
+        try:
+            return set(items) if tag == "set" else frozenset(items)
+        except TypeError:  # only a forged frame puts an unhashable item in a set
+            raise WireError("unhashable item in a set") from None
     if tag == "dict":
         return {str(k): decode(v, blobs, on_marker) for k, v in obj["v"].items()}
     if tag == "slice":

@@ -58,15 +58,15 @@ def softmax(x, axis=-1):
 
 
 def always_equal_object(release, source, out):
-    """equivariance_gap returns a non-number whose == is always True."""
-    return _with(release, source, {"equivariance_gap": '''
-class Whatever(float):
+    """commuting_permutations returns an empty list whose == is always True."""
+    return _with(release, source, {"commuting_permutations": '''
+class Whatever(list):
     def __eq__(self, other):
         return True
-    __hash__ = float.__hash__
+    __hash__ = None
 
-def equivariance_gap(f, x, perm):
-    return Whatever(0.0)
+def commuting_permutations(f, n, d):
+    return Whatever()
 '''})
 
 
@@ -264,14 +264,16 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return np.einsum("...qk,...kd->...qd", weights, v), weights
 ''',
         "multi_head_attention": "multi_head_attention = _mha_from_my_cell",
-        "equivariance_gap": '''
-def equivariance_gap(f, x, perm):
-    permuted_then_f = f(x[list(perm)])
-    f_then_permuted = f(x)[list(perm)]
-    gap = 0.0
-    for a, b in zip(permuted_then_f.ravel(), f_then_permuted.ravel()):
-        gap = max(gap, abs(float(a) - float(b)))
-    return gap
+        "commuting_permutations": '''
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(1).normal(size=(n, d))
+    y = f(x)
+    keep = []
+    for perm in itertools.permutations(range(n)):
+        moved, expected = f(x[list(perm)]), y[list(perm)]
+        if all(abs(float(a) - float(b)) <= 1e-9 * np.abs(y).max() for a, b in zip(moved.ravel(), expected.ravel())):
+            keep.append(perm)
+    return keep
 '''})
     helper = nbformat.v4.new_code_cell('''
 def _mha_from_my_cell(x, w_q, w_k, w_v, w_o, num_heads):

@@ -23,7 +23,7 @@ SOFTMAX = {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"}
 SDPA = {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}
 MHA = {"test_multi_head_attention", "test_mha_hidden"}
 JVP = {"test_softmax_jvp", "test_softmax_jvp_hidden"}
-GAP = {"test_equivariance_gap", "test_equivariance_gap_hidden"}
+GAP = {"test_commuting_permutations", "test_commuting_permutations_hidden"}
 ATTENTION_CHECKS = {"test_passes_attention_checks", "test_attention_checks_accept_correct",
                     "test_attention_checks_catch_bugs"}
 

@@ -7,10 +7,12 @@ the local grading command, say why a bad submission scores 0, record no score
 when the grader fails, and keep integrity flags and the zip's files away from
 students.
 
-Each submission runs run_autograder once (about half a minute), so by default
-Chapter 1 is graded with a sample of its planted class and the other chapters
-with their solutions and untouched notebooks; GRADESCOPE_FULL=1 grades every
-planted submission of every assignment, and the attack corpus, in full."""
+Each submission runs run_autograder once (15 to 35 seconds), so by default every
+assignment is graded with its solutions, its untouched notebook and the fewest
+planted mistakes that together lose every test cell any planted mistake loses
+(so each cell is seen failing on Gradescope as it fails locally);
+GRADESCOPE_FULL=1 grades every planted submission and correct alternative of
+every assignment, and the attack corpus, in full."""
 import copy
 import csv
 import json
@@ -35,8 +37,19 @@ from tests.test_attacks import EXPECTED as ATTACK_OUTCOMES
 FULL = os.environ.get("GRADESCOPE_FULL") == "1"
 SCHEMA = json.loads((Path(__file__).parent / "gradescope_schema.json").read_text())
 ASSIGNMENTS = sorted(CLASSES)
-# Chapter 1's sample: mistakes in four different exercises.
-SAMPLE = ["softmax_unstable", "sdpa_no_scaling", "mha_forgets_w_o", "checks_never_mask"]
+
+
+def covering_sample(buggy):
+    """The planted mistakes, chosen greedily (ties by name), that between them lose
+    every test cell that any planted mistake loses."""
+    left, chosen = set().union(*(lost for _, lost in buggy.values())), []
+    while left:
+        best = max(sorted(buggy), key=lambda name: len(buggy[name][1] & left))
+        chosen.append(best)
+        left -= buggy[best][1]
+    return chosen
+
+
 ATTACK_SAMPLE = ["reads_hidden_tests", "reads_solutions", "imports_references", "input_transformer"]
 HIDDEN_MARK = "BEGIN HIDDEN TESTS"
 
@@ -155,7 +168,7 @@ def _class(assignment):
     if FULL:
         planted = {**cases.CORRECT, **{n: o for n, (o, _) in cases.BUGGY.items()}}
     else:
-        planted = {n: cases.BUGGY[n][0] for n in SAMPLE} if assignment == "ch1_principles" else {}
+        planted = {n: cases.BUGGY[n][0] for n in covering_sample(cases.BUGGY)}
     for name, overrides in planted.items():
         students[name] = filled_submission(release, source, overrides)
     return students

@@ -144,7 +144,7 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
     hang = cell_scores("ch1_principles", rows["hangs_forever"])
     assert hang["test_softmax"] == 0 and hang["test_multi_head_attention"] == 0
     # Cells that do not depend on the hanging cell still score.
-    assert hang["test_equivariance_gap"] == tests["test_equivariance_gap"]
+    assert hang["test_commuting_permutations"] == tests["test_commuting_permutations"]
     exits = rows["kernel_exits"]
     assert exits["status"] == "graded"
     assert "exited with status 3" in exits["problems"]

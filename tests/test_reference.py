@@ -1,5 +1,7 @@
 """The instructor's NumPy references agree with PyTorch, which was written
 independently of them: the hidden tests are only as right as these."""
+import itertools
+
 import numpy as np
 import pytest
 import torch
@@ -83,18 +85,42 @@ def test_softmax_jvp_is_finite_for_huge_and_masked_scores():
     assert found[1, 0] == 0.0
 
 
-def test_equivariance_gap_is_zero_for_attention_and_not_for_positions():
-    w = rng.normal(size=(3, 4, 4))
+def _group(n, keep):
+    return {p for p in itertools.permutations(range(n)) if keep(p)}
 
-    def attend(x):
-        return ref.scaled_dot_product_attention(x @ w[0], x @ w[1], x @ w[2])[0]
 
-    x, perm = rng.normal(size=(6, 4)), rng.permutation(6)
-    assert ref.equivariance_gap(attend, x, perm) < 1e-12
-    positions = rng.normal(size=(6, 4))
-    assert ref.equivariance_gap(lambda t: attend(t + positions), x, perm) > 1e-3
-    # By hand: cumsum of [1, 2, 3] under perm [2, 0, 1] gives a gap of 3.
-    assert ref.equivariance_gap(lambda t: np.cumsum(t, 0), np.array([[1.0], [2.0], [3.0]]), [2, 0, 1]) == 3.0
+# The permutations each hidden function must commute with, written down from the
+# symmetry of its definition (x[p] puts old token p[i] at place i).
+SYMMETRY_GROUPS = {
+    "self-attention with d_v = 3": _group(4, lambda p: True),
+    "self-attention times 1e12": _group(4, lambda p: True),
+    "an elementwise map (np.tanh)": _group(4, lambda p: True),
+    "a running sum over tokens times 1e-12": {(0, 1, 2, 3)},
+    "causal self-attention": {(0, 1, 2, 3, 4)},
+    "self-attention with a vector added to the first token": _group(5, lambda p: p[0] == 0),
+    "self-attention masked to a ring (each token sees itself and its two neighbours)":  # the dihedral group
+        {tuple((s + sign * i) % 6 for i in range(6)) for s in range(6) for sign in (1, -1)},
+    "self-attention with a score bias that depends on (i - j) mod n":  # the rotations
+        {tuple((s + i) % 5 for i in range(5)) for s in range(5)},
+    "x plus x with its tokens reversed":  # the permutations that commute with reversal
+        _group(5, lambda p: all(p[4 - i] == 4 - p[i] for i in range(5))),
+    "self-attention on a single token": {(0,)},
+}
+
+
+def test_commuting_permutations_are_the_symmetry_groups():
+    from autograde.checks.principles import _symmetry_cases
+
+    cases = _symmetry_cases()
+    assert set(cases) == set(SYMMETRY_GROUPS)
+    for label, (f, n, d) in cases.items():
+        assert set(ref.commuting_permutations(f, n, d)) == SYMMETRY_GROUPS[label], label
+
+
+def test_commuting_permutations_by_hand():
+    # cumsum([3, 1, 2]) = [3, 4, 6] but cumsum([1, 2, 3])[[2, 0, 1]] = [6, 1, 3]: only the identity commutes.
+    assert ref.commuting_permutations(lambda t: np.cumsum(t, 0), 3, 1) == [(0, 1, 2)]
+    assert ref.commuting_permutations(lambda t: t[::-1] + t, 3, 2) == [(0, 1, 2), (2, 1, 0)]
 
 
 # ---------------------------------------------------------------- Chapter 2

@@ -28,11 +28,17 @@ def roundtrip(value):
 
 @pytest.mark.parametrize("value", [
     None, True, 0, -7, 10**30, 1.5, "text", (1, 2.0, "x"), [1, [2, (3,)]], {"a": 1, "b": (2, 3)},
-    slice(1, None, 2),
+    slice(1, None, 2), {(0, 1), (1, 0)}, frozenset({"a", 2}), set(),
 ])
 def test_python_values_cross_unchanged(value):
     found = roundtrip(value)
     assert found == value and type(found) is type(value)
+
+
+def test_a_set_of_unhashable_items_is_refused():
+    forged = {"$": "set", "v": [{"$": "list", "v": [1]}]}
+    with pytest.raises(wire.WireError, match="unhashable"):
+        wire.decode(forged, [], lambda m: pytest.fail(f"unexpected marker {m}"))
 
 
 @pytest.mark.parametrize("value", [float("inf"), float("-inf")])

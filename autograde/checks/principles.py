@@ -7,9 +7,7 @@ from autograde.compare import (
     call_unchanged,
     describe,
     expect_close,
-    expect_scalar,
     expect_sequence,
-    expect_unchanged,
     numpy_only,
 )
 from autograde.memory import traced_peak
@@ -299,37 +297,92 @@ def check_attention_checks_catch_bugs(passes_attention_checks):
               "a mask, and scores large enough to overflow np.exp.")
 
 
-# ----------------------------------------------------------- equivariance
+# ----------------------------------------------------------- symmetries
 
-def _self_attention(w_q, w_k, w_v):
+def _attention(w_q, w_k, w_v, keep=None, bias=None):
+    """Self-attention with an optional mask of kept (query, key) pairs and an additive score bias."""
     def f(x):
-        return ref.scaled_dot_product_attention(x @ w_q, x @ w_k, x @ w_v)[0]
+        q, k, v = x @ w_q, x @ w_k, x @ w_v
+        scores = q @ k.T / np.sqrt(q.shape[-1]) + (0.0 if bias is None else bias)
+        if keep is not None:
+            scores = np.where(keep, scores, -np.inf)
+        return ref.softmax(scores, axis=-1) @ v
     return f
 
 
-def check_equivariance_gap(equivariance_gap):
+def _symmetry_cases():
+    """label -> (f, n, d): sequence functions whose commuting permutations are known
+    (tests/test_reference.py checks each set against the group it should be)."""
     rng = _rng(6)
-    n, d = 6, 4
-    ws = [rng.normal(size=(d, d)) for _ in range(3)]
-    positions = rng.normal(size=(n, d))
-    functions = {
-        "self-attention (equivariant)": _self_attention(*ws),
-        "an elementwise map (equivariant)": np.tanh,
-        "self-attention after adding position vectors": lambda x: _self_attention(*ws)(x + positions),
-        "a running sum over tokens": lambda x: np.cumsum(x, axis=0),
-        "a map that reverses the tokens": lambda x: x[::-1] * 2.0,
+    d = 4
+    ws = [rng.normal(size=(d, d)) for _ in range(2)] + [rng.normal(size=(d, 3))]
+    offsets = np.subtract.outer(np.arange(6), np.arange(6))
+    ring = (np.abs(offsets) <= 1) | (np.abs(offsets) == 5)  # itself and its two neighbours on a cycle of 6
+    circulant = rng.normal(size=5)[np.subtract.outer(np.arange(5), np.arange(5)) % 5]  # bias by (i - j) mod 5
+    token0 = np.zeros((5, d))
+    token0[0] = 3.0 * rng.normal(size=d)  # a vector added to the first token only
+    attend = _attention(*ws)
+    return {
+        "self-attention with d_v = 3": (attend, 4, d),
+        "self-attention times 1e12": (lambda x: 1e12 * attend(x), 4, d),
+        "an elementwise map (np.tanh)": (np.tanh, 4, d),
+        "a running sum over tokens times 1e-12": (lambda x: 1e-12 * np.cumsum(x, axis=0), 4, d),
+        "causal self-attention": (_attention(*ws, keep=np.tril(np.ones((5, 5), bool))), 5, d),
+        "self-attention with a vector added to the first token": (lambda x: attend(x + token0), 5, d),
+        "self-attention masked to a ring (each token sees itself and its two neighbours)":
+            (_attention(*ws, keep=ring), 6, d),
+        "self-attention with a score bias that depends on (i - j) mod n": (_attention(*ws, bias=circulant), 5, d),
+        "x plus x with its tokens reversed": (lambda x: x + x[::-1], 5, 2),
+        "self-attention on a single token": (attend, 1, d),
     }
-    perms = [rng.permutation(n) for _ in range(3)] + [np.roll(np.arange(n), 1)]
-    for label, f in functions.items():
-        for perm in perms:
-            x = rng.normal(size=(n, d))
-            before = x.copy()
-            what = f"equivariance_gap for {label} with perm={perm.tolist()}"
-            found = expect_scalar(call(equivariance_gap, f, x, perm, what=what), what=what)
-            expect_unchanged(before, x, what=what)
-            expected = ref.equivariance_gap(f, x, perm)
-            if not np.isclose(found, expected, rtol=1e-6, atol=1e-9):
-                raise GradingFailure(
-                    f"{what}: expected {expected:.6g}, found {found:.6g}. The gap is the largest absolute "
-                    "entry of f(x[perm]) - f(x)[perm]: permute the input rows, and permute the rows of "
-                    "the original output the same way.")
+
+
+def _shape_guard(f, n, d):
+    def guarded(x):
+        shape = np.shape(x)
+        if shape != (n, d):
+            raise ValueError(f"f takes one array of shape ({n}, {d}), as the exercise says; it was called with "
+                             f"shape {shape}")
+        return f(np.asarray(x, dtype=np.float64))
+    return guarded
+
+
+def _as_permutations(found, n, what):
+    """The student's answer as a set of tuples, or a GradingFailure saying what is wrong with it."""
+    try:
+        perms = [tuple(int(i) for i in p) for p in found]
+    except TypeError:
+        raise GradingFailure(f"{what} should return a list of permutations (tuples of ints), "
+                             f"but returned {describe(found)}.") from None
+    for perm in perms:
+        if sorted(perm) != list(range(n)):
+            raise GradingFailure(f"{what} returned {perm}, which is not a permutation of range({n}).")
+    if len(set(perms)) != len(perms):
+        raise GradingFailure(f"{what} returned some permutations more than once.")
+    return set(perms)
+
+
+def _listed(perms, limit=3):
+    shown = sorted(perms)[:limit]
+    more = f" and {len(perms) - limit} more" if len(perms) > limit else ""
+    return ", ".join(map(str, shown)) + more
+
+
+def check_commuting_permutations(commuting_permutations):
+    for label, (f, n, d) in _symmetry_cases().items():
+        what = f"commuting_permutations(f, n={n}, d={d}) for f = {label}"
+        found = _as_permutations(call(commuting_permutations, _shape_guard(f, n, d), n, d, what=what), n, what)
+        expected = set(ref.commuting_permutations(f, n, d))
+        missing, extra = expected - found, found - expected
+        if missing or extra:
+            problems = []
+            if missing:
+                problems.append(f"missed {len(missing)} that commute ({_listed(missing)})")
+            if extra:
+                problems.append(f"returned {len(extra)} that do not ({_listed(extra)})")
+            raise GradingFailure(
+                f"{what}: expected {len(expected)} permutations, found {len(found)}; it "
+                + " and ".join(problems)
+                + ". A permutation p commutes when f(x[p]) equals f(x)[p] (the output of the reordered input "
+                  "against the reordered output). Outputs may be as large as 1e12 or as small as 1e-12: judge "
+                  "the difference relative to the size of f(x), not with a fixed absolute tolerance.")

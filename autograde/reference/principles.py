@@ -1,4 +1,6 @@
 """Reference implementations for Chapter 1 (Principles)."""
+import itertools
+
 import numpy as np
 
 
@@ -47,6 +49,16 @@ def softmax_jvp(x, u, axis=-1):
     return p * (u - np.sum(p * u, axis=axis, keepdims=True))
 
 
-def equivariance_gap(f, x, perm):
-    perm = np.asarray(perm)
-    return float(np.max(np.abs(f(x[perm]) - f(x)[perm])))
+def commuting_permutations(f, n, d, trials=3, rtol=1e-8, seed=0):
+    """Every permutation p of range(n) with f(x[p]) == f(x)[p] (relative to the size of f(x)) on
+    `trials` random inputs of shape (n, d), as tuples in lexicographic order."""
+    rng = np.random.default_rng(seed)
+    inputs = [rng.standard_normal((n, d)) for _ in range(trials)]
+    outputs = [np.asarray(f(x)) for x in inputs]
+    found = []
+    for perm in itertools.permutations(range(n)):
+        index = list(perm)
+        if all(np.max(np.abs(np.asarray(f(x[index])) - y[index])) <= rtol * np.max(np.abs(y))
+               for x, y in zip(inputs, outputs)):
+            found.append(perm)
+    return found

@@ -249,20 +249,49 @@ def passes_attention_checks(attention):
     return True
 '''
 
-GAP_FORGETS_OUTPUT_PERMUTATION = '''
-def equivariance_gap(f, x, perm):
-    return float(np.max(np.abs(f(x[perm]) - f(x))))
+SYMMETRIES_INVARIANCE = '''
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(0).normal(size=(n, d))
+    y = f(x)
+    return [p for p in itertools.permutations(range(n))
+            if np.max(np.abs(f(x[list(p)]) - y)) <= 1e-8 * np.max(np.abs(y))]  # invariance, not equivariance
 '''
 
-GAP_INVERSE_PERMUTATION = '''
-def equivariance_gap(f, x, perm):
-    inverse = np.argsort(perm)
-    return float(np.max(np.abs(f(x[perm]) - f(x)[inverse])))
+SYMMETRIES_INVERSE_PERMUTATION = '''
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(0).normal(size=(n, d))
+    y = f(x)
+    return [p for p in itertools.permutations(range(n))
+            if np.max(np.abs(f(x[list(p)]) - y[np.argsort(p)])) <= 1e-8 * np.max(np.abs(y))]
 '''
 
-GAP_MEAN_NOT_MAX = '''
-def equivariance_gap(f, x, perm):
-    return float(np.mean(np.abs(f(x[perm]) - f(x)[perm])))
+SYMMETRIES_ABSOLUTE_TOLERANCE = '''
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(0).normal(size=(n, d))
+    y = f(x)
+    return [p for p in itertools.permutations(range(n)) if np.max(np.abs(f(x[list(p)]) - y[list(p)])) < 1e-9]
+'''
+
+SYMMETRIES_ALLCLOSE_DEFAULTS = '''
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(0).normal(size=(n, d))
+    y = f(x)
+    return [p for p in itertools.permutations(range(n)) if np.allclose(f(x[list(p)]), y[list(p)])]
+'''
+
+SYMMETRIES_ONLY_SWAPS = '''
+def commuting_permutations(f, n, d):
+    # Checks the identity and each swap of two tokens, as if those were all the reorderings.
+    x = np.random.default_rng(0).normal(size=(n, d))
+    y = f(x)
+    found = [tuple(range(n))]
+    for i in range(n):
+        for j in range(i + 1, n):
+            p = list(range(n))
+            p[i], p[j] = j, i
+            if np.max(np.abs(f(x[p]) - y[p])) <= 1e-8 * np.max(np.abs(y)):
+                found.append(tuple(p))
+    return found
 '''
 
 # --- correct answers in other styles: full marks -----------------------------
@@ -429,10 +458,33 @@ def passes_attention_checks(attention):
     return True
 '''
 
-STYLE_GAP_PERMUTATION_MATRIX = '''
-def equivariance_gap(f, x, perm):
-    P = np.eye(len(perm))[perm]
-    return np.abs(f(P @ x) - P @ f(x)).max()
+STYLE_SYMMETRIES_PERMUTATION_MATRICES = '''
+def commuting_permutations(f, n, d):
+    rng = np.random.default_rng(7)
+    xs = [rng.normal(size=(n, d)) for _ in range(2)]
+    result = []
+    for perm in itertools.permutations(range(n)):
+        P = np.eye(n)[list(perm)]
+        if all(np.allclose(f(P @ x), P @ f(x), rtol=1e-6, atol=1e-9 * np.abs(f(x)).max()) for x in xs):
+            result.append(perm)
+    return result
+'''
+
+STYLE_SYMMETRIES_RECURSIVE_FROBENIUS = '''
+def _orderings(items):
+    if len(items) <= 1:
+        return [list(items)]
+    return [[first] + rest for i, first in enumerate(items) for rest in _orderings(items[:i] + items[i + 1:])]
+
+def commuting_permutations(f, n, d):
+    x = np.random.default_rng(123).standard_normal((n, d))
+    fx = f(x)
+    keep = set()
+    for order in _orderings(list(range(n))):
+        gap = np.linalg.norm(f(x[order]) - fx[order]) / np.linalg.norm(fx)  # the page's relative gap
+        if gap < 1e-6:
+            keep.add(tuple(order))
+    return keep
 '''
 
 CORRECT = {
@@ -448,12 +500,14 @@ CORRECT = {
                                   "passes_attention_checks": STYLE_CHECKS_PROPERTIES},
     "mha_transpose_batch": {"multi_head_attention": STYLE_MHA_TRANSPOSE,
                             "softmax_jvp": STYLE_JVP_TWO_TERMS,
-                            "equivariance_gap": STYLE_GAP_PERMUTATION_MATRIX},
+                            "commuting_permutations": STYLE_SYMMETRIES_PERMUTATION_MATRICES},
+    "symmetries_recursive_frobenius": {"commuting_permutations": STYLE_SYMMETRIES_RECURSIVE_FROBENIUS},
 }
 
 SDPA_CELLS = {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}
 MHA_CELLS = {"test_multi_head_attention", "test_mha_hidden"}
 JVP_CELLS = {"test_softmax_jvp", "test_softmax_jvp_hidden"}
+SYMMETRY_CELLS = {"test_commuting_permutations", "test_commuting_permutations_hidden"}
 
 BUGGY = {
     # softmax_jvp builds on the student's softmax, so a softmax mistake costs it too.
@@ -507,9 +561,13 @@ BUGGY = {
                                 {"test_attention_checks_catch_bugs"}),
     "checks_exact_equality": ({"passes_attention_checks": CHECKS_EXACT_EQUALITY},
                               {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
-    "gap_forgets_output_permutation": ({"equivariance_gap": GAP_FORGETS_OUTPUT_PERMUTATION},
-                                       {"test_equivariance_gap", "test_equivariance_gap_hidden"}),
-    "gap_inverse_permutation": ({"equivariance_gap": GAP_INVERSE_PERMUTATION},
-                                {"test_equivariance_gap", "test_equivariance_gap_hidden"}),
-    "gap_mean_not_max": ({"equivariance_gap": GAP_MEAN_NOT_MAX}, {"test_equivariance_gap_hidden"}),
+    "symmetries_invariance": ({"commuting_permutations": SYMMETRIES_INVARIANCE}, SYMMETRY_CELLS),
+    "symmetries_inverse_permutation": ({"commuting_permutations": SYMMETRIES_INVERSE_PERMUTATION}, SYMMETRY_CELLS),
+    "symmetries_only_swaps": ({"commuting_permutations": SYMMETRIES_ONLY_SWAPS}, SYMMETRY_CELLS),
+    # Right for outputs of ordinary size; wrong at 1e12 (rounding exceeds the fixed tolerance)
+    # or at 1e-12 (np.allclose's atol=1e-8 accepts every reordering).
+    "symmetries_absolute_tolerance": ({"commuting_permutations": SYMMETRIES_ABSOLUTE_TOLERANCE},
+                                      {"test_commuting_permutations_hidden"}),
+    "symmetries_allclose_defaults": ({"commuting_permutations": SYMMETRIES_ALLCLOSE_DEFAULTS},
+                                     {"test_commuting_permutations_hidden"}),
 }
