@@ -219,46 +219,53 @@ def _same_rows(found, expected):
 
 
 def check_decode_with_kv_cache(decode_with_kv_cache):
-    """Equal to causal grouped-query attention computed at once, and built from one
-    decode_step call per token: call t is given token t and the keys and values of
-    tokens 0..t-1, and row t of the result is what that call returned."""
+    """Equal to causal grouped-query attention computed at once; the prompt's rows
+    come from no decode_step call, and every later token t from its own call, given
+    token t and the keys and values of tokens 0..t-1, whose output is row t."""
     rng = _rng(6)
-    for n, (d_model, n_heads, n_kv, d_head) in zip([1, 2, 7, 12, 16], GQA_CONFIGS):
+    cases = [(1, 0), (2, 2), (7, 3), (12, 0), (16, 5)]  # (n, prompt_length), one per head layout
+    for (n, p), (d_model, n_heads, n_kv, d_head) in zip(cases + [(5, 4), (9, 1)], GQA_CONFIGS + GQA_CONFIGS[:2]):
         x = rng.normal(size=(n, d_model))
         weights = _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
-        what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
+        what = (f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads, "
+                f"prompt_length={p}")
         expected = ref.causal_gqa_attention(x, *weights, n_heads)
         keys, values = ((x @ w).reshape(n, n_kv, d_head).transpose(1, 0, 2) for w in weights[1:])
         before = [x.copy(), *(w.copy() for w in weights)]
         found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, n_heads,
-                                          what=what)
+                                          p, what=what)
         for b, a in zip(before, (x, *weights)):
             expect_unchanged(b, a, what=what)
         expect_close(found, expected, what=what,
-                     hint="Token t's output attends to the keys of tokens 0..t, itself included.")
+                     hint="Token t's output attends to the keys of tokens 0..t, itself included, in the prompt "
+                          "as in the decoded part.")
         shapes = [tuple(np.shape(a) for a in c[:3]) for c in calls]
-        expected_shapes = [((d_model,), (n_kv, t, d_head), (n_kv, t, d_head)) for t in range(n)]
+        expected_shapes = [((d_model,), (n_kv, t, d_head), (n_kv, t, d_head)) for t in range(p, n)]
         if shapes != expected_shapes:
             raise GradingFailure(
-                f"{what} should call decode_step once per token, in order, with one token of shape "
-                f"({d_model},) and the caches so far, of shape ({n_kv}, t, {d_head}) for t = 0, 1, 2, ...; "
-                f"it made {len(calls)} calls" + (f", the first with shapes {shapes[0]}." if calls else "."))
-        for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls):
+                f"{what} should compute the {p} prompt rows without decode_step, then call decode_step once per "
+                f"remaining token, in order, with one token of shape ({d_model},) and the caches so far, of shape "
+                f"({n_kv}, t, {d_head}) for t = {p}, {p + 1}, ...; it made {len(calls)} calls"
+                + (f", the first with shapes {shapes[0]}." if calls else "."))
+        for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls, start=p):
+            # The result is right (checked above), so caches without the real keys mean
+            # the rows were computed somewhere else than in these calls.
             if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
                     and _same_rows(cache_v, values[:, :t])):
                 note_sighting(decode_with_kv_cache, "decode_step given caches it did not build",
-                              f"{what}: call {t} of decode_step was given other keys or values than the caches hold")
+                              f"{what}: the decode_step call for token {t} was given other keys or values than "
+                              "the caches hold")
                 raise GradingFailure(
-                    f"{what}: call {t} of decode_step was not given token {t} and the keys and values of tokens "
-                    f"0..{t - 1}, as the caches returned by the earlier calls hold them.")
+                    f"{what}: the decode_step call for token {t} was not given token {t} and the keys and values "
+                    f"of tokens 0..{t - 1}, as the prefill and the earlier calls left them in the caches.")
             if output_t.shape != found[t].shape or not np.allclose(output_t, found[t]):
                 raise GradingFailure(
                     f"{what}: row {t} of the result is not the output that decode_step returned for token {t}; "
-                    "the result must be built from the decoding steps.")
+                    "the rows after the prompt must be built from the decoding steps.")
     d_model, n_heads, n_kv, d_head = GQA_CONFIGS[2]
     x, weights = rng.normal(size=(5, d_model)), _gqa_weights(rng, d_model, n_heads, n_kv, d_head)
-    what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads"
-    numpy_only(decode_with_kv_cache, x, *weights, n_heads, what=what)
+    what = f"decode_with_kv_cache for x of shape {x.shape}, n_heads={n_heads}, {n_kv} KV heads, prompt_length=2"
+    numpy_only(decode_with_kv_cache, x, *weights, n_heads, 2, what=what)
 
 
 # ------------------------------------------- entropy against temperature

@@ -123,8 +123,8 @@ def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
 '''
 
 DECODE_RECOMPUTES = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
-    # Right numbers, but no cache: all of it at once with a causal mask.
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
+    # Right numbers, but no cache: everything is prefilled, whatever the prompt's length.
     n, d = len(x), w_q.shape[1] // n_heads
     g = w_k.shape[1] // d
     q = (x @ w_q).reshape(n, n_heads, d).transpose(1, 0, 2)
@@ -134,17 +134,64 @@ def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
 '''
 
 DECODE_FAKES_ITS_CALLS = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
     # Calls decode_step with caches of the right shapes but no keys in them, then
     # computes the answer all at once: the shapes of the calls alone look right.
     n, d = len(x), w_q.shape[1] // n_heads
     g = w_k.shape[1] // d
-    for t in range(n):
+    for t in range(prompt_length, n):
         decode_step(x[t], np.zeros((g, t, d)), np.zeros((g, t, d)), w_q, w_k, w_v, n_heads)
     q = (x @ w_q).reshape(n, n_heads, d).transpose(1, 0, 2)
     k, v = (np.repeat((x @ w).reshape(n, g, d).transpose(1, 0, 2), n_heads // g, axis=0) for w in (w_k, w_v))
     scores = np.where(np.tri(n, dtype=bool), q @ k.transpose(0, 2, 1) / np.sqrt(d), -np.inf)
     return (softmax(scores) @ v).transpose(1, 0, 2).reshape(n, -1)
+'''
+
+PREFILL_NOT_CAUSAL = '''
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
+    p, d = prompt_length, w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    k_cache, v_cache = ((x[:p] @ w).reshape(p, g, d).transpose(1, 0, 2) for w in (w_k, w_v))
+    rows = []
+    if p:
+        q = (x[:p] @ w_q).reshape(p, n_heads, d).transpose(1, 0, 2)
+        k, v = (np.repeat(c, n_heads // g, axis=0) for c in (k_cache, v_cache))
+        weights = softmax(q @ k.transpose(0, 2, 1) / np.sqrt(d))  # Bug: every prompt token sees the whole prompt
+        rows += list((weights @ v).transpose(1, 0, 2).reshape(p, -1))
+    for t in range(p, len(x)):
+        row, k_cache, v_cache = decode_step(x[t], k_cache, v_cache, w_q, w_k, w_v, n_heads)
+        rows.append(row)
+    return np.array(rows)
+'''
+
+PREFILL_BY_DECODING = '''
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
+    # Right numbers, but the prompt goes through decode_step token by token: no prefill.
+    d = w_q.shape[1] // n_heads
+    k_cache = v_cache = np.zeros((w_k.shape[1] // d, 0, d))
+    rows = []
+    for token in x:
+        row, k_cache, v_cache = decode_step(token, k_cache, v_cache, w_q, w_k, w_v, n_heads)
+        rows.append(row)
+    return np.array(rows)
+'''
+
+PREFILL_HEADS_INTERLEAVED = '''
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
+    p, d = prompt_length, w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    # Bug: the cache's heads are cut from the wrong axis (d_head entries are not contiguous).
+    k_cache, v_cache = ((x[:p] @ w).reshape(p, d, g).transpose(2, 0, 1) for w in (w_k, w_v))
+    rows = []
+    for t in range(p):
+        q = (x[t] @ w_q).reshape(n_heads, 1, d)
+        kv = np.arange(n_heads) // (n_heads // g)
+        weights = softmax(q @ k_cache[kv, :t + 1].transpose(0, 2, 1) / np.sqrt(d))
+        rows.append((weights @ v_cache[kv, :t + 1]).reshape(-1))
+    for t in range(p, len(x)):
+        row, k_cache, v_cache = decode_step(x[t], k_cache, v_cache, w_q, w_k, w_v, n_heads)
+        rows.append(row)
+    return np.array(rows)
 '''
 
 # --- entropy against temperature -------------------------------------------------------
@@ -479,11 +526,18 @@ def decode_step(x_t, cache_k, cache_v, w_q, w_k, w_v, n_heads):
 '''
 
 STYLE_DECODE_PREALLOCATED = '''
-def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads):
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
     d = w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
     out = np.empty((len(x), w_q.shape[1]))
-    k_cache = v_cache = np.empty((w_k.shape[1] // d, 0, d))
-    for t in range(len(x)):
+    k_cache = np.stack([(x[:prompt_length] @ w_k)[:, j * d:(j + 1) * d] for j in range(g)])
+    v_cache = np.stack([(x[:prompt_length] @ w_v)[:, j * d:(j + 1) * d] for j in range(g)])
+    for s in range(prompt_length):  # one query at a time against the rows up to it
+        for h in range(n_heads):
+            j = h * g // n_heads
+            logits = k_cache[j, :s + 1] @ (x[s] @ w_q)[h * d:(h + 1) * d] / np.sqrt(d)
+            out[s, h * d:(h + 1) * d] = softmax(logits) @ v_cache[j, :s + 1]
+    for t in range(prompt_length, len(x)):
         out[t], k_cache, v_cache = decode_step(x[t], k_cache, v_cache, w_q, w_k, w_v, n_heads)
     return out
 '''
@@ -573,6 +627,9 @@ BUGGY = {
                                         {"test_decode_with_kv_cache_hidden"}),
     "decode_fakes_its_calls": ({"decode_with_kv_cache": DECODE_FAKES_ITS_CALLS},
                                {"test_decode_with_kv_cache_hidden"}),
+    "prefill_not_causal": ({"decode_with_kv_cache": PREFILL_NOT_CAUSAL}, DECODE_CELLS),
+    "prefill_heads_interleaved": ({"decode_with_kv_cache": PREFILL_HEADS_INTERLEAVED}, DECODE_CELLS),
+    "prefill_by_decoding": ({"decode_with_kv_cache": PREFILL_BY_DECODING}, {"test_decode_with_kv_cache_hidden"}),
     "slope_wrong_power_of_tau": ({"entropy_temperature_slope": SLOPE_WRONG_POWER}, SLOPE_CELLS),
     "slope_nan_on_masked_keys": ({"entropy_temperature_slope": SLOPE_NAN_ON_MASKED},
                                  {"test_entropy_temperature_slope", "test_slope_limits"}),
