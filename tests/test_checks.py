@@ -4,12 +4,14 @@ can act on. (test_grading runs the same through nbgrader.)"""
 import linecache
 
 import nbformat
+import numpy as np
 import pytest
 
 from autograde.checks import principles as checks
 from autograde.checks import complexity as complexity_checks
 from autograde.checks import variants as variant_checks
 from autograde.compare import GradingFailure
+from autograde.reference import complexity as complexity_ref
 from autograde.reference import principles as ref
 from autograde.reference import variants as ref_variants
 from tests.conftest import REPO
@@ -113,12 +115,51 @@ def test_failure_messages_point_at_the_fix():
     ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_TORCH_MASK})
     with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
         complexity_checks.check_dilated_memory(ns["dilated_local_attention"])
-    ns = namespace("ch3_complexity", {"max_chunk_length": complexity.CHUNK_FLOAT})
-    with pytest.raises(GradingFailure, match=r"expected \d+, found \d+\. c = \d+ needs \d+ bytes"):
-        complexity_checks.check_chunk_huge(ns["max_chunk_length"])
+    ns = namespace("ch3_complexity", {"longest_fitting": complexity.FITTING_FIRST_THAT_DOES_NOT_FIT})
+    with pytest.raises(GradingFailure, match=r"expected \d+, found \d+\. n = \d+ does not fit: cost\(\d+\) = \d+ is over"):
+        complexity_checks.check_fitting_models(ns["longest_fitting"])
+    ns = namespace("ch3_complexity", {"longest_fitting": complexity.FITTING_LINEAR_SCAN})
+    with pytest.raises(GradingFailure, match=r"called cost more than \d+ times.*doubling, then bisect"):
+        complexity_checks.check_fitting_models(ns["longest_fitting"])
+    ns = namespace("ch3_complexity", {"longest_fitting": complexity.FITTING_STARTS_AT_ZERO})
+    with pytest.raises(GradingFailure, match=r"called cost\(0\): cost is defined for n >= 1 only"):
+        complexity_checks.check_fitting_too_small(ns["longest_fitting"])
     ns = namespace("ch3_complexity", {"causal_linear_attention": complexity.CAUSAL_STATE_UPDATED_FIRST})
     with pytest.raises(GradingFailure, match=r"causal_linear_attention.*j <= t only"):
         complexity_checks.check_causal_linear_output(ns["causal_linear_attention"])
+
+
+def test_fitting_checks_refuse_what_the_cost_is_not_defined_for():
+    """Floats and NumPy integers are refused even where their value is right, and a
+    breach fails the check even when the submission catches the error it raises."""
+    def float_argument(cost, budget):
+        return complexity_ref.longest_fitting(lambda n: cost(float(n)), budget)
+
+    def numpy_argument(cost, budget):
+        return complexity_ref.longest_fitting(lambda n: cost(np.int64(n)), budget)
+
+    def swallows_errors(cost, budget):
+        try:
+            cost(0)
+        except Exception:
+            pass
+        return complexity_ref.longest_fitting(cost, budget)
+
+    for fn, message in [(float_argument, "n = 1.0, a float"), (numpy_argument, "a int64"),
+                        (swallows_errors, r"cost\(0\)")]:
+        with pytest.raises(GradingFailure, match=message):
+            complexity_checks.check_fitting_models(fn)
+    complexity_checks.check_fitting_models(complexity_ref.longest_fitting)
+
+
+def test_fitting_too_small_needs_the_budget_in_the_message():
+    def silent(cost, budget):
+        if cost(1) > budget:
+            raise ValueError("too small")
+        return complexity_ref.longest_fitting(cost, budget)
+
+    with pytest.raises(GradingFailure, match="does not name the budget"):
+        complexity_checks.check_fitting_too_small(silent)
 
 
 def test_odd_width_check_needs_a_value_error():

@@ -1,6 +1,7 @@
 """The instructor's NumPy references agree with PyTorch, which was written
 independently of them: the hidden tests are only as right as these."""
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -223,25 +224,57 @@ def test_chunk_bytes_match_array_sizes():
     assert complexity.chunk_bytes(c, heads, groups, d_head, 2, 4) == expected
 
 
-def _largest_by_search(budget, shape):
-    lo, hi = 0, 1
-    while complexity.chunk_bytes(hi, *shape) <= budget:
-        hi *= 2
-    while hi - lo > 1:
-        mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if complexity.chunk_bytes(mid, *shape) <= budget else (lo, mid)
-    return lo
+SMALL_MODELS = [
+    lambda n: n * n,
+    lambda n: complexity.chunk_bytes(n, 12, 4, 64, 2, 4),
+    lambda n: 10 * ((n + 3) // 4),                      # pages of 4 tokens
+    lambda n: 16 * n * math.ceil(math.log2(n)),         # 0 at n = 1
+    lambda n: (6144 * n + 2**16 - 1) // 2**16,          # long flat runs
+    lambda n: 1 if n == 1 else 1000 * n,                # only n = 1 fits below 2000
+]
 
 
-@pytest.mark.parametrize("budget", [28, 29, 1000, 2**30, 10**18 + 1, 10**40 + 12345])
-def test_max_chunk_length_matches_an_exact_search(budget):
-    for shape in [(4, 2, 3, 2, 4), (12, 4, 64, 2, 4), (1, 1, 1, 1, 1), (32, 32, 128, 2, 2)]:
-        expected = _largest_by_search(budget, shape)
-        if expected == 0:
-            with pytest.raises(ValueError):
-                complexity.max_chunk_length(budget, *shape)
+@pytest.mark.parametrize("model", range(len(SMALL_MODELS)))
+def test_longest_fitting_matches_a_scan_from_one(model):
+    cost = SMALL_MODELS[model]
+    for budget in range(0, 5000, 7):
+        n = 0
+        while cost(n + 1) <= budget:
+            n += 1
+        if n == 0:
+            with pytest.raises(ValueError, match=str(budget)):
+                complexity.longest_fitting(cost, budget)
         else:
-            assert complexity.max_chunk_length(budget, *shape) == expected
+            assert complexity.longest_fitting(cost, budget) == n
+
+
+@pytest.mark.parametrize("budget", [10**18 + 1, 10**40 + 12345, 10**60, 10**60 - 1, 10**75 + 3])
+def test_longest_fitting_matches_the_quadratic_formula_for_huge_budgets(budget):
+    """a n^2 + b n <= B exactly when n <= (-b + sqrt(b^2 + 4 a B)) / (2a), floored
+    with integer square roots (flooring the root first changes nothing)."""
+    for a, b in [(1, 0), (24, 6144), (128, 40960), (3, 1)]:
+        expected = (math.isqrt(b * b + 4 * a * budget) - b) // (2 * a)
+        assert complexity.longest_fitting(lambda n: a * n * n + b * n, budget) == expected
+
+
+def test_longest_fitting_on_flat_runs_of_huge_models():
+    """ceil(n / w) <= B exactly when n <= B w, however large B w is."""
+    for width, budget in [(3, 10**40), (2**30 // 6144, 5 * 10**24 + 3), (10**20, 7)]:
+        assert complexity.longest_fitting(lambda n: -(-n // width), budget) == budget * width
+
+
+def test_longest_fitting_stays_within_its_call_bound():
+    """The grader holds students to call_bound; the reference must meet it."""
+    for answer in list(range(1, 300)) + [2**k + d for k in range(9, 110) for d in (-1, 0, 1)]:
+        calls = []
+
+        def cost(n):
+            calls.append(n)
+            return 0 if n <= answer else 1
+
+        assert complexity.longest_fitting(cost, 0) == answer
+        assert len(calls) <= complexity.call_bound(answer)
+        assert all(type(n) is int and n >= 1 for n in calls)
 
 
 def test_receptive_field_matches_a_convolution_stack():

@@ -1,8 +1,7 @@
 """Hidden checks for Chapter 3 (Complexity)."""
 import numpy as np
 
-from autograde.compare import (GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error,
-                               numpy_only)
+from autograde.compare import GradingFailure, call, call_unchanged, describe, expect_close, expect_int, numpy_only
 from autograde.memory import traced_peak
 from autograde.reference import complexity as ref
 
@@ -49,62 +48,180 @@ def check_receptive_field(receptive_field):
                what="receptive_field(kernel_widths=[3, 2, 5], dilations=[1, 4, 2], strides=[2, 1, 3])")
 
 
-# ------------------------------------------------------------- chunk length
+# ------------------------------------------------------------- longest fitting chunk
 
-def _check_chunk(max_chunk_length, budget, shape, expected):
-    heads, groups, d_head, b, s = shape
-    what = (f"max_chunk_length(budget_bytes={budget}, heads={heads}, groups={groups}, d_head={d_head}, "
-            f"bytes_per_element={b}, score_bytes={s})")
-    expect_int(call(max_chunk_length, budget, *shape, what=what), expected, what=what,
-               hint=f"c = {expected} needs {ref.chunk_bytes(expected, *shape)} bytes and c = {expected + 1} needs "
-                    f"{ref.chunk_bytes(expected + 1, *shape)}; return the largest c that fits.")
+class MemoryModel:
+    """A non-decreasing cost on the positive integers, with the formula a
+    failure message shows."""
 
+    def __init__(self, formula, cost):
+        self.formula, self.cost = formula, cost
 
-SMALL_SHAPES = [(1, 1, 1, 1, 1), (3, 1, 2, 2, 4), (8, 8, 1, 4, 4), (12, 4, 64, 2, 4), (7, 7, 5, 1, 2),
-                (4, 2, 3, 2, 2)]
-HUGE_SHAPES = [(12, 4, 64, 2, 4), (32, 8, 128, 2, 2), (1, 1, 3, 1, 1), (64, 1, 80, 2, 4)]
+    def __call__(self, n):
+        return self.cost(n)
 
 
-def _chunk_numpy_only(max_chunk_length):
-    shape = (12, 4, 64, 2, 4)
-    numpy_only(max_chunk_length, 2**30, *shape, what=f"max_chunk_length(budget_bytes={2**30}, heads, groups, d_head, "
-                                                     f"bytes_per_element, score_bytes = {shape})")
+def _ceil_div(a, b):
+    return -(-a // b)
 
 
-def check_chunk_small(max_chunk_length):
-    """Budgets exactly at, just below and just above every boundary for small c."""
-    for shape in SMALL_SHAPES:
-        for c in range(1, 41):
-            exact = ref.chunk_bytes(c, *shape)
-            for budget, expected in ((exact, c), (exact + 1, c), (ref.chunk_bytes(c + 1, *shape) - 1, c)):
-                _check_chunk(max_chunk_length, budget, shape, expected)
-            if c > 1:
-                _check_chunk(max_chunk_length, exact - 1, shape, c - 1)
-    _chunk_numpy_only(max_chunk_length)
+def _measured_table():
+    """48 peaks as a profiler reports them: rounded to 512 bytes, so some
+    neighbours are equal; the model goes on at 4096 bytes per token after them."""
+    steps = np.random.default_rng(RNG_SEED + 10).integers(0, 4, size=48)
+    return [8192 + 512 * int(s) for s in np.cumsum(steps)]
 
 
-def check_chunk_huge(max_chunk_length):
-    """One GiB for 12 query heads in 4 groups, and boundaries with c up to 10^20,
-    where floating-point square roots are off by more than one."""
-    shape = (12, 4, 64, 2, 4)
-    _check_chunk(max_chunk_length, 2**30, shape, ref.max_chunk_length(2**30, *shape))
-    for c in (10**6 + 3, 10**9 + 7, 10**12 + 39, 10**15 + 37, 10**18 + 3, 10**20 + 39):
-        for shape in HUGE_SHAPES:
-            exact = ref.chunk_bytes(c, *shape)
-            _check_chunk(max_chunk_length, exact, shape, c)
-            _check_chunk(max_chunk_length, exact - 1, shape, c - 1)
-    _chunk_numpy_only(max_chunk_length)
+MEASURED = _measured_table()
+
+BOOK_MODEL = MemoryModel("2·(4·768·n + 12·n²) bytes (the chapter's model)", lambda n: 2 * (4 * 768 * n + 12 * n * n))
+GROUPED_MODEL = MemoryModel(
+    "32 query heads sharing 8 key-value groups of width 128 in 2 bytes, scores in 4 bytes: "
+    "2·128·n·2·(32 + 8) + 4·32·n² bytes", lambda n: ref.chunk_bytes(n, 32, 8, 128, 2, 4))
+CHECKPOINT_MODEL = MemoryModel(
+    "24 layers checkpointed every 5: 5 stored inputs of 2·4096·n bytes, plus 5 recomputed layers whose 32 heads' "
+    "scores sit in 64 x 64 tiles of 4 bytes: 5·2·4096·n + 5·32·4·(64·⌈n/64⌉)² bytes",
+    lambda n: 5 * 2 * 4096 * n + 5 * 32 * 4 * (64 * _ceil_div(n, 64)) ** 2)
+NLOGN_MODEL = MemoryModel("16·n·⌈log₂ n⌉ bytes (0 for n = 1)", lambda n: 16 * n * (n - 1).bit_length())
+PAGES_MODEL = MemoryModel("whole GiB pages for 6144 bytes a token: ⌈6144·n / 2³⁰⌉ pages",
+                          lambda n: _ceil_div(6144 * n, 2**30))
+TABLE_MODEL = MemoryModel(
+    f"a table of 48 measured peaks, {MEASURED[0]} to {MEASURED[-1]} bytes with equal neighbours where the "
+    "profiler rounded, then 4096 more bytes a token",
+    lambda n: MEASURED[n - 1] if n <= len(MEASURED) else MEASURED[-1] + 4096 * (n - len(MEASURED)))
+ONE_TOKEN_MODEL = MemoryModel("1 byte for n = 1, 10^40·n bytes from n = 2 on", lambda n: 1 if n == 1 else 10**40 * n)
+
+SEARCH_HINT = ("Find an n that does not fit by doubling, then bisect between the last n known to fit and the first "
+               "known not to, with integer midpoints (lo + (hi - lo) // 2).")
 
 
-def check_chunk_too_small(max_chunk_length):
-    """A budget below what one token needs raises ValueError."""
-    for budget, shape in [(0, (2, 1, 8, 2, 4)), (1, (1, 1, 1, 2, 2)),
-                          (ref.chunk_bytes(1, 12, 4, 64, 2, 4) - 1, (12, 4, 64, 2, 4)), (100, (1, 1, 64, 4, 4))]:
-        expect_value_error(max_chunk_length, budget, *shape,
-                           what=f"max_chunk_length(budget_bytes={budget}, heads, groups, d_head, "
-                                f"bytes_per_element, score_bytes = {shape})",
-                           reason=f"one token needs {ref.chunk_bytes(1, *shape)} bytes")
-    _chunk_numpy_only(max_chunk_length)
+class CountedCost:
+    """The model as longest_fitting receives it: each call is checked (a Python
+    int n >= 1) and counted against the exercise's bound. The first breach is
+    kept, so a submission that catches the error it raises still fails, with
+    this message."""
+
+    def __init__(self, model, answer):
+        self.model, self.answer = model, answer
+        self.limit = ref.call_bound(answer)
+        self.calls, self.breach = 0, None
+
+    def __call__(self, n):
+        self.calls += 1
+        if type(n) is not int:
+            self._breach(f"called cost with n = {n!r}, a {type(n).__name__}: call cost with Python ints only. "
+                         "A float midpoint such as int((lo + hi) / 2) is rounded for large n, and NumPy integers "
+                         "overflow; lo + (hi - lo) // 2 stays an exact int.")
+        if n < 1:
+            self._breach(f"called cost({n}): cost is defined for n >= 1 only (a chunk of 0 tokens is not a chunk). "
+                         "Start the search at n = 1, and raise ValueError when cost(1) is over the budget.")
+        if self.calls > self.limit:
+            answer = f"the answer is {self.answer}" if self.answer else "nothing fits"
+            self._breach(f"called cost more than {self.limit} times, where {answer}: the exercise allows "
+                         f"2·⌈log₂(answer + 1)⌉ + 4 = {self.limit} calls. {SEARCH_HINT}")
+        return self.model(n)
+
+    def _breach(self, message):
+        if self.breach is None:
+            self.breach = message
+        raise GradingFailure(message)
+
+    def check(self, what):
+        if self.breach is not None:
+            raise GradingFailure(f"{what} {self.breach}")
+
+
+def _fitting_call(longest_fitting, model, budget):
+    """The student's answer for one budget, and the counted cost it was given."""
+    expected = ref.longest_fitting(model, budget)
+    cost = CountedCost(model, expected)
+    what = f"longest_fitting(cost, budget={budget}) with cost(n) = {model.formula}"
+    try:
+        found = call(longest_fitting, cost, budget, what=what)
+    except GradingFailure:
+        cost.check(what)  # the breach, not what the student's code made of it
+        raise
+    cost.check(what)
+    return found, expected, what
+
+
+def _check_fitting(longest_fitting, model, budget):
+    found, expected, what = _fitting_call(longest_fitting, model, budget)
+    if isinstance(found, int) and not isinstance(found, bool) and found != expected and 0 < found < 2**10000:
+        if model(found) > budget:
+            hint = f"n = {found} does not fit: cost({found}) = {model(found)} is over the budget."
+        else:
+            hint = f"n = {found} fits, but so does n = {expected}: cost({expected}) = {model(expected)}."
+        hint += f" The largest n that fits is {expected}, since cost({expected + 1}) = {model(expected + 1)}."
+    else:
+        hint = "Return the largest n >= 1 whose cost fits the budget, as a Python int."
+    expect_int(found, expected, what=what, hint=hint)
+
+
+def _budgets_around(model, lengths):
+    """Budgets exactly at cost(n), one below and one above, for each n (those
+    below cost(1) left out: nothing fits there)."""
+    budgets = set()
+    for n in lengths:
+        budgets |= {model(n) - 1, model(n), model(n) + 1}
+    return sorted(b for b in budgets if b >= model(1))
+
+
+SMALL_LENGTHS = list(range(1, 41)) + [63, 64, 65, 100, 1000, 4097, 65537, 10**6 + 3]
+
+
+def check_fitting_models(longest_fitting):
+    """Seven memory models, budgets at, just below and just above cost(n) for
+    answers up to about 10^6 (and flat runs that reach about 10^7)."""
+    for model in (BOOK_MODEL, GROUPED_MODEL, CHECKPOINT_MODEL, NLOGN_MODEL, TABLE_MODEL):
+        for budget in _budgets_around(model, SMALL_LENGTHS):
+            _check_fitting(longest_fitting, model, budget)
+    for budget in range(1, 41):  # each answer the end of a flat run of about 174763 tokens
+        _check_fitting(longest_fitting, PAGES_MODEL, budget)
+    for budget in (1, 2, 10**40, 2 * 10**40 - 1, 2 * 10**40, 3 * 10**40):
+        _check_fitting(longest_fitting, ONE_TOKEN_MODEL, budget)
+
+
+HUGE_LENGTHS = [10**9 + 7, 10**12 + 39, 10**15 + 37, 10**18 + 3, 2**64 + 1, 10**20 + 39, 10**25 + 13, 10**30 + 57]
+
+
+def check_fitting_huge(longest_fitting):
+    """Answers up to about 10^30, budgets at and just below cost(n), and budgets of
+    10^60 and 10^75: far beyond what a float holds exactly."""
+    for model in (BOOK_MODEL, GROUPED_MODEL, CHECKPOINT_MODEL, NLOGN_MODEL, TABLE_MODEL):
+        for n in HUGE_LENGTHS:
+            for budget in (model(n), model(n) - 1):
+                _check_fitting(longest_fitting, model, budget)
+    for budget in (10**60, 10**75):
+        _check_fitting(longest_fitting, BOOK_MODEL, budget)
+    for budget in (10**19 + 1, 5 * 10**24 + 3, 6 * 10**24):  # answers up to about 10^30, on flat runs
+        _check_fitting(longest_fitting, PAGES_MODEL, budget)
+
+
+def check_fitting_too_small(longest_fitting):
+    """A budget below cost(1), 0 included, raises ValueError naming the budget,
+    within the calls allowed when nothing fits, and never asks for cost(0)."""
+    for model, budget in [(BOOK_MODEL, 0), (BOOK_MODEL, BOOK_MODEL(1) - 1), (GROUPED_MODEL, 12345),
+                          (CHECKPOINT_MODEL, CHECKPOINT_MODEL(1) - 1), (TABLE_MODEL, 8191), (PAGES_MODEL, 0),
+                          (ONE_TOKEN_MODEL, 0)]:
+        cost = CountedCost(model, 0)
+        what = f"longest_fitting(cost, budget={budget}) with cost(n) = {model.formula}"
+        reason = f"cost(1) = {model(1)} is over the budget"
+        try:
+            found = longest_fitting(cost, budget)
+        except ValueError as exc:
+            cost.check(what)
+            if str(budget) not in str(exc):
+                raise GradingFailure(f"{what} raised ValueError({str(exc)!r}), whose message does not name the "
+                                     f"budget: say which budget ({budget}) is too small for one token.") from None
+            continue
+        except Exception as exc:  # any other exception is the wrong answer, not a crash
+            cost.check(what)
+            raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
+                                 f"{type(exc).__name__}: {exc}") from None
+        cost.check(what)
+        raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {describe(found)}"
+                             f"{f' ({found})' if isinstance(found, (int, float)) else ''}.")
 
 
 # ------------------------------------------------ dilated and causal linear attention

@@ -1,6 +1,4 @@
 """Reference implementations for Chapter 3 (Complexity)."""
-import math
-
 import numpy as np
 
 from autograde.reference.principles import softmax
@@ -25,23 +23,31 @@ def chunk_bytes(c, heads, groups, d_head, bytes_per_element, score_bytes):
     return bytes_per_element * c * d_head * (2 * heads + 2 * groups) + score_bytes * heads * c * c
 
 
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    """Largest integer c with chunk_bytes(c) <= budget, in exact integer arithmetic:
-    alpha c^2 + beta c <= B holds for 0 <= c <= (-beta + sqrt(beta^2 + 4 alpha B)) / (2 alpha)."""
-    alpha = score_bytes * heads
-    beta = bytes_per_element * d_head * (2 * heads + 2 * groups)
+def call_bound(answer):
+    """The most calls to cost that longest_fitting may make for this answer (0:
+    nothing fits): a doubling search up to the first n that does not fit, then
+    a bisection, makes 2 * answer.bit_length() at most."""
+    return 2 * answer.bit_length() + 4
 
-    def need(c):
-        return alpha * c * c + beta * c
 
-    c = (math.isqrt(beta * beta + 4 * alpha * budget_bytes) - beta) // (2 * alpha)
-    while need(c + 1) <= budget_bytes:
-        c += 1
-    while c > 0 and need(c) > budget_bytes:
-        c -= 1
-    if c < 1:
-        raise ValueError(f"not even one token fits: {need(1)} bytes needed, budget {budget_bytes}")
-    return c
+def longest_fitting(cost, budget):
+    """Largest n >= 1 with cost(n) <= budget, for any non-decreasing cost on the
+    positive integers: double n until it no longer fits, then bisect between the
+    last n that fits and the first that does not. Integers throughout, so
+    answers of any size are exact."""
+    first = cost(1)
+    if first > budget:
+        raise ValueError(f"cost(1) = {first} is over the budget of {budget}: not even one token fits")
+    fits, over = 1, 2
+    while cost(over) <= budget:
+        fits, over = over, 2 * over
+    while over - fits > 1:  # cost(fits) <= budget < cost(over)
+        middle = (fits + over) // 2
+        if cost(middle) <= budget:
+            fits = middle
+        else:
+            over = middle
+    return fits
 
 
 def receptive_field(kernel_widths, dilations, strides=None):

@@ -68,50 +68,110 @@ def training_flops(n, d_model, heads, d_head):
     return int(counter.get_total_flops())
 '''
 
-# --- chunk length --------------------------------------------------------------------
+# --- longest fitting chunk -------------------------------------------------------------
 
-CHUNK_KV_PER_QUERY_HEAD = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    a = score_bytes * heads
-    b = bytes_per_element * d_head * 4 * heads  # Bug: K and V for every query head, not per group
-    if a + b > budget_bytes:
-        raise ValueError("not even one token fits")
-    return (math.isqrt(b * b + 4 * a * budget_bytes) - b) // (2 * a)
+FITTING_FLOAT_MIDPOINT = '''
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    lo, hi = 1, 2
+    while cost(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = int((lo + hi) / 2)  # Bug: a float midpoint, rounded once lo + hi passes 2^53
+        if cost(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return lo
 '''
 
-CHUNK_ONE_PRECISION = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    # Bug: the chapter's division by b, as if the scores were stored in b bytes too
-    M = budget_bytes // bytes_per_element
-    lin = 2 * d_head * (heads + groups)
-    c = (math.isqrt(lin * lin + 4 * heads * M) - lin) // (2 * heads)
-    if c < 1:
-        raise ValueError("not even one token fits")
-    return c
+FITTING_FIRST_THAT_DOES_NOT_FIT = '''
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    lo, hi = 1, 2
+    while cost(hi) <= budget:
+        lo, hi = hi, hi * 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if cost(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid
+    return hi  # Bug: the first n that does not fit
 '''
 
-CHUNK_ROUNDS_UP = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    a, b = score_bytes * heads, bytes_per_element * d_head * 2 * (heads + groups)
-    if a + b > budget_bytes:
-        raise ValueError("not even one token fits")
-    root = math.isqrt(b * b + 4 * a * budget_bytes)
-    return -((b - root) // (2 * a))  # Bug: rounds the root up past the budget
+FITTING_LINEAR_SCAN = '''
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    n = 1
+    while cost(n + 1) <= budget:  # Bug: one call per token, n calls in all
+        n += 1
+    return n
 '''
 
-CHUNK_FLOAT = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    a, b = score_bytes * heads, bytes_per_element * d_head * 2 * (heads + groups)
-    if a + b > budget_bytes:
-        raise ValueError("not even one token fits")
-    # Bug: float square root; right for small budgets, off at the boundary of huge ones.
-    return int((math.sqrt(b * b + 4 * a * budget_bytes) - b) // (2 * a))
+# The chapter's closed form, its coefficients read off cost(1), cost(2) and cost(3):
+# right for quadratic models only.
+FITTING_QUADRATIC_ONLY = '''
+def longest_fitting(cost, budget):
+    c1, c2, c3 = cost(1), cost(2), cost(3)
+    if c1 > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    a = (c3 - 2 * c2 + c1) // 2
+    b = c2 - c1 - 3 * a
+    c = c1 - a - b
+    return (math.isqrt(b * b - 4 * a * (c - budget)) - b) // (2 * a)  # Bug: assumes cost is a quadratic
 '''
 
-CHUNK_ZERO_INSTEAD_OF_ERROR = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    a, b = score_bytes * heads, bytes_per_element * d_head * 2 * (heads + groups)
-    return (math.isqrt(b * b + 4 * a * budget_bytes) - b) // (2 * a)  # Bug: 0 when nothing fits
+FITTING_ZERO_INSTEAD_OF_ERROR = '''
+def longest_fitting(cost, budget):
+    lo, hi = 0, 1
+    while cost(hi) <= budget:
+        lo, hi = hi, 2 * hi
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    return lo  # Bug: 0 when nothing fits, no ValueError
+'''
+
+FITTING_STARTS_AT_ZERO = '''
+def longest_fitting(cost, budget):
+    hi = 0
+    while cost(hi) <= budget:  # Bug: asks for cost(0), which is not defined
+        hi = 2 * hi + 1
+    lo = (hi - 1) // 2
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    if lo == 0:
+        raise ValueError(f"budget {budget} is below one token")
+    return lo
+'''
+
+FITTING_BUDGET_AS_BOUND = '''
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    lo, hi = 1, budget + 1  # Bug: assumes cost(n) >= n, so that no answer exceeds the budget
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        lo, hi = (mid, hi) if cost(mid) <= budget else (lo, mid)
+    return lo
+'''
+
+# Right in few calls, but bisect's indexes are C integers: answers past 2^63 overflow.
+FITTING_BISECT_MODULE = '''
+import bisect
+
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"budget {budget} is below one token")
+    hi = 2
+    while cost(hi) <= budget:
+        hi *= 2
+    return bisect.bisect_right(range(1, hi), budget, key=cost)
 '''
 
 # --- receptive field ---------------------------------------------------------------
@@ -305,33 +365,57 @@ def training_flops(n, d_model, heads, d_head):
     return forward + sum(2 * 2 * a * b * c for a, b, c in products)
 '''
 
-STYLE_CHUNK_BINARY_SEARCH = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    def need(c):
-        return bytes_per_element * c * d_head * 2 * (heads + groups) + score_bytes * heads * c * c
-    if need(1) > budget_bytes:
-        raise ValueError(f"budget {budget_bytes} is smaller than one token ({need(1)} bytes)")
-    lo, hi = 1, 2
-    while need(hi) <= budget_bytes:
-        hi *= 2
-    while hi - lo > 1:  # need(lo) fits, need(hi) does not
+STYLE_FITTING_RECURSIVE = '''
+def longest_fitting(cost, budget):
+    def within(lo, hi):  # cost(lo) fits, cost(hi) does not
+        if hi - lo == 1:
+            return lo
         mid = (lo + hi) // 2
-        lo, hi = (mid, hi) if need(mid) <= budget_bytes else (lo, mid)
-    return lo
+        return within(mid, hi) if cost(mid) <= budget else within(lo, mid)
+
+    if cost(1) > budget:
+        raise ValueError(f"nothing fits in {budget} bytes")
+    bound = 2
+    while cost(bound) <= budget:
+        bound *= 2
+    return within(bound // 2, bound)
 '''
 
-STYLE_CHUNK_FLOAT_THEN_FIX = '''
-def max_chunk_length(budget_bytes, heads, groups, d_head, bytes_per_element, score_bytes):
-    a, b = score_bytes * heads, bytes_per_element * d_head * 2 * (heads + groups)
-    fits = lambda c: a * c * c + b * c <= budget_bytes
-    if not fits(1):
-        raise ValueError("the budget does not fit a single token")
-    c = max(1, int((math.sqrt(b * b + 4 * a * budget_bytes) - b) / (2 * a)))
-    while fits(c + 1):
-        c += 1
-    while not fits(c):
-        c -= 1
-    return c
+# The answer built bit by bit from its highest bit down.
+STYLE_FITTING_BITS = '''
+def longest_fitting(cost, budget):
+    if not cost(1) <= budget:
+        raise ValueError("cost(1) exceeds the budget " + str(budget))
+    top = 1
+    while cost(top << 1) <= budget:
+        top <<= 1
+    n, bit = top, top >> 1
+    while bit:
+        if cost(n | bit) <= budget:
+            n |= bit
+        bit >>= 1
+    return n
+'''
+
+# Doubling from 1, then an inclusive search for the last n that fits.
+STYLE_FITTING_INCLUSIVE = '''
+from functools import lru_cache
+
+def longest_fitting(cost, budget):
+    cost = lru_cache(maxsize=None)(cost)
+    if cost(1) > budget:
+        raise ValueError(f"budget={budget}: not even one token fits")
+    hi = 1
+    while cost(hi) <= budget:
+        hi *= 2
+    lo, hi = hi // 2, hi - 1
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if cost(mid) <= budget:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 '''
 
 STYLE_RECEPTIVE_SIMULATED = '''
@@ -416,15 +500,16 @@ def causal_linear_attention(q, k, v, chunk):
 '''
 
 CORRECT = {
-    "counts_per_product_chunk_binary_search": {"training_flops": STYLE_TRAINING_PER_PRODUCT,
-                                               "max_chunk_length": STYLE_CHUNK_BINARY_SEARCH,
-                                               "receptive_field": STYLE_RECEPTIVE_SIMULATED},
-    "chunk_float_guess_then_fix": {"max_chunk_length": STYLE_CHUNK_FLOAT_THEN_FIX},
+    "counts_per_product_fitting_recursive": {"training_flops": STYLE_TRAINING_PER_PRODUCT,
+                                             "longest_fitting": STYLE_FITTING_RECURSIVE,
+                                             "receptive_field": STYLE_RECEPTIVE_SIMULATED},
+    "fitting_bit_by_bit": {"longest_fitting": STYLE_FITTING_BITS},
+    "fitting_inclusive_cached": {"longest_fitting": STYLE_FITTING_INCLUSIVE},
     "dilated_residue_classes": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES},
 }
 
 TRAINING_CELLS = {"test_training_flops", "test_training_flops_hidden"}
-CHUNK_CELLS = {"test_max_chunk_length", "test_chunk_small", "test_chunk_huge", "test_chunk_too_small"}
+FITTING_CELLS = {"test_longest_fitting", "test_fitting_models", "test_fitting_huge", "test_fitting_too_small"}
 RECEPTIVE_CELLS = {"test_receptive_field", "test_receptive_field_hidden"}
 DILATED_CELLS = {"test_dilated_local_attention", "test_dilated_output", "test_dilated_global", "test_dilated_extreme",
                  "test_dilated_memory"}
@@ -438,13 +523,20 @@ BUGGY = {
     "training_returns_float": ({"training_flops": TRAINING_FLOAT}, TRAINING_CELLS),
     "training_counted_on_meta_tensors": ({"training_flops": TRAINING_COUNTED_ON_META},
                                          {"test_training_flops_hidden"}),
-    "chunk_kv_per_query_head": ({"max_chunk_length": CHUNK_KV_PER_QUERY_HEAD},
-                                CHUNK_CELLS - {"test_chunk_too_small"}),
-    "chunk_one_precision": ({"max_chunk_length": CHUNK_ONE_PRECISION}, CHUNK_CELLS),
-    "chunk_rounds_up": ({"max_chunk_length": CHUNK_ROUNDS_UP}, CHUNK_CELLS - {"test_chunk_too_small"}),
-    "chunk_float_sqrt": ({"max_chunk_length": CHUNK_FLOAT}, {"test_chunk_huge"}),
-    "chunk_zero_instead_of_error": ({"max_chunk_length": CHUNK_ZERO_INSTEAD_OF_ERROR},
-                                    {"test_max_chunk_length", "test_chunk_too_small"}),
+    "fitting_float_midpoint": ({"longest_fitting": FITTING_FLOAT_MIDPOINT},
+                               {"test_longest_fitting", "test_fitting_huge"}),
+    "fitting_first_that_does_not_fit": ({"longest_fitting": FITTING_FIRST_THAT_DOES_NOT_FIT},
+                                        FITTING_CELLS - {"test_fitting_too_small"}),
+    "fitting_linear_scan": ({"longest_fitting": FITTING_LINEAR_SCAN}, FITTING_CELLS - {"test_fitting_too_small"}),
+    "fitting_quadratic_only": ({"longest_fitting": FITTING_QUADRATIC_ONLY},
+                               FITTING_CELLS - {"test_fitting_too_small"}),
+    "fitting_zero_instead_of_error": ({"longest_fitting": FITTING_ZERO_INSTEAD_OF_ERROR},
+                                      {"test_longest_fitting", "test_fitting_too_small"}),
+    "fitting_starts_at_zero": ({"longest_fitting": FITTING_STARTS_AT_ZERO}, FITTING_CELLS),
+    "fitting_budget_as_bound": ({"longest_fitting": FITTING_BUDGET_AS_BOUND},
+                                FITTING_CELLS - {"test_fitting_too_small"}),
+    # Answers past 2^63 (in the visible and huge tests) overflow bisect's C indexes.
+    "fitting_bisect_module": ({"longest_fitting": FITTING_BISECT_MODULE}, {"test_longest_fitting", "test_fitting_huge"}),
     "receptive_product_of_widths": ({"receptive_field": RECEPTIVE_PRODUCT_OF_WIDTHS}, RECEPTIVE_CELLS),
     "receptive_no_dilation": ({"receptive_field": RECEPTIVE_NO_DILATION}, RECEPTIVE_CELLS),
     "receptive_w_times_dilation": ({"receptive_field": RECEPTIVE_W_TIMES_DILATION}, RECEPTIVE_CELLS),
