@@ -145,7 +145,7 @@ def test_fitting_checks_refuse_what_the_cost_is_not_defined_for():
             pass
         return complexity_ref.longest_fitting(cost, budget)
 
-    for fn, message in [(float_argument, "n = 1.0, a float"), (numpy_argument, "a int64"),
+    for fn, message in [(float_argument, "n = 1.0 of type float"), (numpy_argument, "of type int64"),
                         (swallows_errors, r"cost\(0\)")]:
         with pytest.raises(GradingFailure, match=message):
             complexity_checks.check_fitting_models(fn)

@@ -109,7 +109,7 @@ class CountedCost:
     def __call__(self, n):
         self.calls += 1
         if type(n) is not int:
-            self._breach(f"called cost with n = {n!r}, a {type(n).__name__}: call cost with Python ints only. "
+            self._breach(f"called cost with n = {n!r} of type {type(n).__name__}: call cost with Python ints only. "
                          "A float midpoint such as int((lo + hi) / 2) is rounded for large n, and NumPy integers "
                          "overflow; lo + (hi - lo) // 2 stays an exact int.")
         if n < 1:
@@ -220,8 +220,8 @@ def check_fitting_too_small(longest_fitting):
             raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
                                  f"{type(exc).__name__}: {exc}") from None
         cost.check(what)
-        raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {describe(found)}"
-                             f"{f' ({found})' if isinstance(found, (int, float)) else ''}.")
+        returned = found if isinstance(found, (int, float)) else describe(found)
+        raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {returned}.")
 
 
 # ------------------------------------------------ dilated and causal linear attention
