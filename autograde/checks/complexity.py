@@ -74,7 +74,8 @@ def _measured_table():
 
 MEASURED = _measured_table()
 
-BOOK_MODEL = MemoryModel("2·(4·768·n + 12·n²) bytes (the chapter's model)", lambda n: 2 * (4 * 768 * n + 12 * n * n))
+BOOK_MODEL = MemoryModel("2·(4·768·n + 12·n²) bytes (the chapter's model)",
+                         lambda n: 2 * (4 * 768 * n + 12 * n * n))
 GROUPED_MODEL = MemoryModel(
     "32 query heads sharing 8 key-value groups of width 128 in 2 bytes, scores in 4 bytes: "
     "2·128·n·2·(32 + 8) + 4·32·n² bytes", lambda n: ref.chunk_bytes(n, 32, 8, 128, 2, 4))
