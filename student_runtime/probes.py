@@ -22,20 +22,25 @@ def numpy_peak(fn, *args):
 def counting_decode_steps(decode_with_kv_cache, x, *weights, what):
     """(output, calls): decode_step is looked up in the function's own module
     and wrapped for the duration of the call; each call is recorded as
-    (x_t, cache_k, cache_v, output_t): copies of what it was given and of the
-    output it returned."""
+    (x_t, cache_k, cache_v, output_t, threaded): copies of what it was given and
+    of the output it returned, and whether the caches it was given are the very
+    arrays the previous call returned."""
     namespace = getattr(decode_with_kv_cache, "__globals__", {})
     step = namespace.get("decode_step")
     calls = []
+    returned = []  # the caches the latest call returned
     if callable(step):
         def counting_step(x_t, cache_k, cache_v, *args, **kwargs):
             given = [np.array(a, dtype=np.float64, copy=True) for a in (x_t, cache_k, cache_v)]
+            threaded = len(returned) == 2 and cache_k is returned[0] and cache_v is returned[1]
             result = step(x_t, cache_k, cache_v, *args, **kwargs)
             try:
                 output_t = np.array(result[0], dtype=np.float64, copy=True)
+                returned[:] = result[1:3]
             except Exception:  # a malformed result is judged by the caller's checks
                 output_t = np.zeros(0)
-            calls.append((*given, output_t))
+                returned.clear()
+            calls.append((*given, output_t, threaded))
             return result
         namespace["decode_step"] = counting_step
     try:

@@ -106,6 +106,9 @@ SYMMETRY_GROUPS = {
     "x plus x with its tokens reversed":  # the permutations that commute with reversal
         _group(5, lambda p: all(p[4 - i] == 4 - p[i] for i in range(5))),
     "self-attention on a single token": {(0,)},
+    "the tokens shifted by one place, cyclically (np.roll)":  # the rotations
+        {tuple((s + i) % 5 for i in range(5)) for s in range(5)},
+    "x plus the sum of all tokens": _group(4, lambda p: True),
 }
 
 
@@ -116,6 +119,23 @@ def test_commuting_permutations_are_the_symmetry_groups():
     assert set(cases) == set(SYMMETRY_GROUPS)
     for label, (f, n, d) in cases.items():
         assert set(ref.commuting_permutations(f, n, d)) == SYMMETRY_GROUPS[label], label
+
+
+def test_wrong_reorderings_stay_far_from_commuting():
+    """On any standard-normal input, a permutation outside the group changes f(x[p]) - f(x)[p]
+    by far more than rounding, so a correct answer cannot fail by the luck of its inputs."""
+    from autograde.checks.principles import _symmetry_cases
+
+    rng = np.random.default_rng(11)
+    for label, (f, n, d) in _symmetry_cases().items():
+        outside = [list(p) for p in itertools.permutations(range(n)) if p not in SYMMETRY_GROUPS[label]]
+        closest = np.inf
+        for _ in range(60):
+            x = rng.standard_normal((n, d))
+            y = f(x)
+            for p in outside:
+                closest = min(closest, np.max(np.abs(f(x[p]) - y[p])) / np.max(np.abs(y)))
+        assert closest > 1e-4, f"{label}: a wrong permutation came within {closest:.1e} of commuting"
 
 
 def test_commuting_permutations_by_hand():

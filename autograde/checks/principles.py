@@ -315,7 +315,9 @@ def _symmetry_cases():
     (tests/test_reference.py checks each set against the group it should be)."""
     rng = _rng(6)
     d = 4
-    ws = [rng.normal(size=(d, d)) for _ in range(2)] + [rng.normal(size=(d, 3))]
+    # Weights of scale 1/sqrt(d) keep the softmax away from saturation, where a reordering
+    # that does not commute could agree to many digits on some inputs.
+    ws = [rng.normal(size=(d, d)) / np.sqrt(d) for _ in range(2)] + [rng.normal(size=(d, 3))]
     offsets = np.subtract.outer(np.arange(6), np.arange(6))
     ring = (np.abs(offsets) <= 1) | (np.abs(offsets) == 5)  # itself and its two neighbours on a cycle of 6
     circulant = rng.normal(size=5)[np.subtract.outer(np.arange(5), np.arange(5)) % 5]  # bias by (i - j) mod 5
@@ -333,6 +335,8 @@ def _symmetry_cases():
             (_attention(*ws, keep=ring), 6, d),
         "self-attention with a score bias that depends on (i - j) mod n": (_attention(*ws, bias=circulant), 5, d),
         "x plus x with its tokens reversed": (lambda x: x + x[::-1], 5, 2),
+        "the tokens shifted by one place, cyclically (np.roll)": (lambda x: np.roll(x, 1, axis=0), 5, 3),
+        "x plus the sum of all tokens": (lambda x: x + x.sum(axis=0), 4, 3),
         "self-attention on a single token": (attend, 1, d),
     }
 
@@ -368,6 +372,9 @@ def _listed(perms, limit=3):
     return ", ".join(map(str, shown)) + more
 
 
+SCALE_CASES = ("self-attention times 1e12", "a running sum over tokens times 1e-12")
+
+
 def check_commuting_permutations(commuting_permutations):
     for label, (f, n, d) in _symmetry_cases().items():
         what = f"commuting_permutations(f, n={n}, d={d}) for f = {label}"
@@ -380,9 +387,17 @@ def check_commuting_permutations(commuting_permutations):
                 problems.append(f"missed {len(missing)} that commute ({_listed(missing)})")
             if extra:
                 problems.append(f"returned {len(extra)} that do not ({_listed(extra)})")
-            raise GradingFailure(
-                f"{what}: expected {len(expected)} permutations, found {len(found)}; it "
-                + " and ".join(problems)
-                + ". A permutation p commutes when f(x[p]) equals f(x)[p] (the output of the reordered input "
-                  "against the reordered output). Outputs may be as large as 1e12 or as small as 1e-12: judge "
-                  "the difference relative to the size of f(x), not with a fixed absolute tolerance.")
+            if label in SCALE_CASES:
+                advice = ("The outputs here are of size about 1e12 or 1e-12: judge the difference relative to "
+                          "the size of f(x), not with a fixed absolute tolerance (np.allclose's default atol is "
+                          "one).")
+            elif extra:
+                advice = ("A permutation commutes only if f(x[p]) equals f(x)[p] row for row (the same rows in "
+                          "another order is not enough); try several random inputs and a tight tolerance, since "
+                          "on a single input a wrong reordering can come close.")
+            else:
+                advice = ("A permutation p commutes when f(x[p]) equals f(x)[p]: the output of the reordered "
+                          "input against the original output reordered the same way (not by the inverse "
+                          "permutation), within rounding.")
+            raise GradingFailure(f"{what}: expected {len(expected)} permutations, found {len(found)}; it "
+                                 + " and ".join(problems) + ". " + advice)

@@ -247,7 +247,7 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
                 f"remaining token, in order, with one token of shape ({d_model},) and the caches so far, of shape "
                 f"({n_kv}, t, {d_head}) for t = {p}, {p + 1}, ...; it made {len(calls)} calls"
                 + (f", the first with shapes {shapes[0]}." if calls else "."))
-        for t, (x_t, cache_k, cache_v, output_t) in enumerate(calls, start=p):
+        for t, (x_t, cache_k, cache_v, output_t, threaded) in enumerate(calls, start=p):
             # The result is right (checked above), so caches without the real keys mean
             # the rows were computed somewhere else than in these calls.
             if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
@@ -258,6 +258,11 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
                 raise GradingFailure(
                     f"{what}: the decode_step call for token {t} was not given token {t} and the keys and values "
                     f"of tokens 0..{t - 1}, as the prefill and the earlier calls left them in the caches.")
+            if t > p and not threaded:
+                raise GradingFailure(
+                    f"{what}: the decode_step call for token {t} was not given the caches that the call for token "
+                    f"{t - 1} returned. Pass them on as they are: rebuilding the caches from x at every step "
+                    "recomputes the keys and values that the cache is there to keep.")
             if output_t.shape != found[t].shape or not np.allclose(output_t, found[t]):
                 raise GradingFailure(
                     f"{what}: row {t} of the result is not the output that decode_step returned for token {t}; "

@@ -279,6 +279,17 @@ def commuting_permutations(f, n, d):
     return [p for p in itertools.permutations(range(n)) if np.allclose(f(x[list(p)]), y[list(p)])]
 '''
 
+SYMMETRIES_SAME_ROWS_ANY_ORDER = '''
+def commuting_permutations(f, n, d):
+    # Bug: "the same output vectors in a different order" is not enough; the order must follow p.
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, d)) for _ in range(3)]
+    def rows(a):
+        return a[np.lexsort(a.T[::-1])]
+    return [p for p in itertools.permutations(range(n))
+            if all(np.allclose(rows(f(x[list(p)])), rows(f(x)), rtol=1e-9, atol=0) for x in xs)]
+'''
+
 SYMMETRIES_ONLY_SWAPS = '''
 def commuting_permutations(f, n, d):
     # Checks the identity and each swap of two tokens, as if those were all the reorderings.
@@ -564,6 +575,9 @@ BUGGY = {
     "symmetries_invariance": ({"commuting_permutations": SYMMETRIES_INVARIANCE}, SYMMETRY_CELLS),
     "symmetries_inverse_permutation": ({"commuting_permutations": SYMMETRIES_INVERSE_PERMUTATION}, SYMMETRY_CELLS),
     "symmetries_only_swaps": ({"commuting_permutations": SYMMETRIES_ONLY_SWAPS}, SYMMETRY_CELLS),
+    # Passes the visible cell (no fixed reordering there); the hidden cyclic shift exposes it.
+    "symmetries_same_rows_any_order": ({"commuting_permutations": SYMMETRIES_SAME_ROWS_ANY_ORDER},
+                                       {"test_commuting_permutations_hidden"}),
     # Right for outputs of ordinary size; wrong at 1e12 (rounding exceeds the fixed tolerance)
     # or at 1e-12 (np.allclose's atol=1e-8 accepts every reordering).
     "symmetries_absolute_tolerance": ({"commuting_permutations": SYMMETRIES_ABSOLUTE_TOLERANCE},

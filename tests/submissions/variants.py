@@ -164,6 +164,25 @@ def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
     return np.array(rows)
 '''
 
+DECODE_REBUILDS_CACHES = '''
+def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
+    # Right numbers, but the caches are rebuilt from x at every step instead of passed on.
+    p, d = prompt_length, w_q.shape[1] // n_heads
+    g = w_k.shape[1] // d
+    def caches(t):
+        return ((x[:t] @ w).reshape(t, g, d).transpose(1, 0, 2) for w in (w_k, w_v))
+    rows = []
+    for s in range(p):  # the prompt: each token against the rows up to it
+        k, v = caches(s + 1)
+        q = (x[s] @ w_q).reshape(g, n_heads // g, 1, d)
+        weights = softmax(q @ k[:, None].transpose(0, 1, 3, 2) / np.sqrt(d))
+        rows.append((weights @ v[:, None]).reshape(-1))
+    for t in range(p, len(x)):
+        row, _, _ = decode_step(x[t], *caches(t), w_q, w_k, w_v, n_heads)
+        rows.append(row)
+    return np.array(rows)
+'''
+
 PREFILL_BY_DECODING = '''
 def decode_with_kv_cache(x, w_q, w_k, w_v, n_heads, prompt_length):
     # Right numbers, but the prompt goes through decode_step token by token: no prefill.
@@ -630,6 +649,7 @@ BUGGY = {
     "prefill_not_causal": ({"decode_with_kv_cache": PREFILL_NOT_CAUSAL}, DECODE_CELLS),
     "prefill_heads_interleaved": ({"decode_with_kv_cache": PREFILL_HEADS_INTERLEAVED}, DECODE_CELLS),
     "prefill_by_decoding": ({"decode_with_kv_cache": PREFILL_BY_DECODING}, {"test_decode_with_kv_cache_hidden"}),
+    "decode_rebuilds_caches": ({"decode_with_kv_cache": DECODE_REBUILDS_CACHES}, {"test_decode_with_kv_cache_hidden"}),
     "slope_wrong_power_of_tau": ({"entropy_temperature_slope": SLOPE_WRONG_POWER}, SLOPE_CELLS),
     "slope_nan_on_masked_keys": ({"entropy_temperature_slope": SLOPE_NAN_ON_MASKED},
                                  {"test_entropy_temperature_slope", "test_slope_limits"}),
