@@ -91,6 +91,7 @@ TABLE_MODEL = MemoryModel(
     "profiler rounded, then 4096 more bytes a token",
     lambda n: MEASURED[n - 1] if n <= len(MEASURED) else MEASURED[-1] + 4096 * (n - len(MEASURED)))
 ONE_TOKEN_MODEL = MemoryModel("1 byte for n = 1, 10^40·n bytes from n = 2 on", lambda n: 1 if n == 1 else 10**40 * n)
+HEAVY_START_MODEL = MemoryModel("10^50 + n bytes (a fixed cost far above the per-token one)", lambda n: 10**50 + n)
 
 SEARCH_HINT = ("Find an n that does not fit by doubling, then bisect between the last n known to fit and the first "
                "known not to, with integer midpoints (lo + (hi - lo) // 2).")
@@ -105,10 +106,15 @@ class CountedCost:
     def __init__(self, model, answer):
         self.model, self.answer = model, answer
         self.limit = ref.call_bound(answer)
-        self.calls, self.breach = 0, None
+        self.calls, self.breach, self.asked = 0, None, []
+
+    def _asked(self):
+        shown = ", ".join(str(n) for n in self.asked[:12])
+        return shown + (", ..." if len(self.asked) > 12 else "")
 
     def __call__(self, n):
         self.calls += 1
+        self.asked.append(n)
         if type(n) is not int:
             self._breach(f"called cost with n = {n!r} of type {type(n).__name__}: call cost with Python ints only. "
                          "A float midpoint such as int((lo + hi) / 2) is rounded for large n, and NumPy integers "
@@ -119,7 +125,8 @@ class CountedCost:
         if self.calls > self.limit:
             answer = f"the answer is {self.answer}" if self.answer else "nothing fits"
             self._breach(f"called cost more than {self.limit} times, where {answer}: the exercise allows "
-                         f"2·⌈log₂(answer + 1)⌉ + 4 = {self.limit} calls. {SEARCH_HINT}")
+                         f"2·⌈log₂(answer + 1)⌉ + 6 = {self.limit} calls, and it asked for n = "
+                         f"{self._asked()}. {SEARCH_HINT}")
         return self.model(n)
 
     def _breach(self, message):
@@ -172,7 +179,7 @@ SMALL_LENGTHS = list(range(1, 41)) + [63, 64, 65, 100, 1000, 4097, 65537, 10**6 
 
 
 def check_fitting_models(longest_fitting):
-    """Seven memory models, budgets at, just below and just above cost(n) for
+    """Eight memory models, budgets at, just below and just above cost(n) for
     answers up to about 10^6 (and flat runs that reach about 10^7)."""
     for model in (BOOK_MODEL, GROUPED_MODEL, CHECKPOINT_MODEL, NLOGN_MODEL, TABLE_MODEL):
         for budget in _budgets_around(model, SMALL_LENGTHS):
@@ -181,6 +188,8 @@ def check_fitting_models(longest_fitting):
         _check_fitting(longest_fitting, PAGES_MODEL, budget)
     for budget in (1, 2, 10**40, 2 * 10**40 - 1, 2 * 10**40, 3 * 10**40):
         _check_fitting(longest_fitting, ONE_TOKEN_MODEL, budget)
+    for budget in (10**50 + 1, 10**50 + 3, 10**50 + 1000):
+        _check_fitting(longest_fitting, HEAVY_START_MODEL, budget)
 
 
 HUGE_LENGTHS = [10**9 + 7, 10**12 + 39, 10**15 + 37, 10**18 + 3, 2**64 + 1, 10**20 + 39, 10**25 + 13, 10**30 + 57]
@@ -212,7 +221,7 @@ def check_fitting_too_small(longest_fitting):
             found = longest_fitting(cost, budget)
         except ValueError as exc:
             cost.check(what)
-            if str(budget) not in str(exc):
+            if not any(f"{budget:{spec}}" in str(exc) for spec in ("", ",", "_")):
                 raise GradingFailure(f"{what} raised ValueError({str(exc)!r}), whose message does not name the "
                                      f"budget: say which budget ({budget}) is too small for one token.") from None
             continue

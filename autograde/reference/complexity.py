@@ -26,8 +26,9 @@ def chunk_bytes(c, heads, groups, d_head, bytes_per_element, score_bytes):
 def call_bound(answer):
     """The most calls to cost that longest_fitting may make for this answer (0:
     nothing fits): a doubling search up to the first n that does not fit, then
-    a bisection, makes 2 * answer.bit_length() at most."""
-    return 2 * answer.bit_length() + 4
+    a bisection, makes 2 * answer.bit_length() at most; the rest is room for a
+    separate first call and a final check of the answer."""
+    return 2 * answer.bit_length() + 6
 
 
 def longest_fitting(cost, budget):

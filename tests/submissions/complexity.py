@@ -397,6 +397,26 @@ def longest_fitting(cost, budget):
     return n
 '''
 
+# The classic lo <= hi search over [1, hi], then the chapter's final check of c and c + 1,
+# with the budget written with thousands separators in its error.
+STYLE_FITTING_CHECKS_ITS_ANSWER = '''
+def longest_fitting(cost, budget):
+    if cost(1) > budget:
+        raise ValueError(f"a budget of {budget:,} bytes is too small for one token")
+    hi = 1
+    while cost(hi) <= budget:
+        hi *= 2
+    lo, top = 1, hi
+    while lo <= top:
+        mid = (lo + top) // 2
+        if cost(mid) <= budget:
+            lo = mid + 1
+        else:
+            top = mid - 1
+    assert cost(top) <= budget < cost(top + 1)
+    return top
+'''
+
 # Doubling from 1, then an inclusive search for the last n that fits.
 STYLE_FITTING_INCLUSIVE = '''
 from functools import lru_cache
@@ -505,6 +525,7 @@ CORRECT = {
                                              "receptive_field": STYLE_RECEPTIVE_SIMULATED},
     "fitting_bit_by_bit": {"longest_fitting": STYLE_FITTING_BITS},
     "fitting_inclusive_cached": {"longest_fitting": STYLE_FITTING_INCLUSIVE},
+    "fitting_checks_its_answer": {"longest_fitting": STYLE_FITTING_CHECKS_ITS_ANSWER},
     "dilated_residue_classes": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES},
 }
 
