@@ -95,7 +95,16 @@ def test_failure_messages_point_at_the_fix():
     ns = namespace("ch1_principles", {"scaled_dot_product_attention": principles.SDPA_NO_SCALING})
     with pytest.raises(GradingFailure, match="1/sqrt"):
         checks.check_sdpa_batched_and_masked(ns["scaled_dot_product_attention"])
+    for mistake, advice in [(principles.SYMMETRIES_ABSOLUTE_TOLERANCE, "relative to the size of f"),
+                            (principles.SYMMETRIES_SAME_ROWS_ANY_ORDER, "row for row"),
+                            (principles.SYMMETRIES_INVERSE_PERMUTATION, "not by the inverse")]:
+        ns = namespace("ch1_principles", {"commuting_permutations": mistake})
+        with pytest.raises(GradingFailure, match=advice):
+            checks.check_commuting_permutations(ns["commuting_permutations"])
     variants = CLASSES["ch2_variants"]
+    ns = namespace("ch2_variants", {"decode_with_kv_cache": variants.DECODE_REBUILDS_CACHES})
+    with pytest.raises(GradingFailure, match="Pass them on as they are"):
+        variant_checks.check_decode_with_kv_cache(ns["decode_with_kv_cache"])
     ns = namespace("ch2_variants", {"left_padded_causal_attention": variants.PADDED_NAN_ROWS})
     with pytest.raises(GradingFailure, match="NaN or infinity.*return zeros"):
         variant_checks.check_left_padded_empty_rows(ns["left_padded_causal_attention"])
