@@ -389,8 +389,8 @@ def check_commuting_permutations(commuting_permutations):
                 problems.append(f"returned {len(extra)} that do not ({_listed(extra)})")
             if label in SCALE_CASES:
                 advice = ("The outputs here are of size about 1e12 or 1e-12: judge the difference relative to "
-                          "the size of f(x), not with a fixed absolute tolerance (np.allclose's default atol is "
-                          "one).")
+                          "the size of f(x), not with a fixed absolute tolerance such as "
+                          "np.allclose's default atol=1e-8.")
             elif extra:
                 advice = ("A permutation commutes only if f(x[p]) equals f(x)[p] row for row (the same rows in "
                           "another order is not enough); try several random inputs and a tight tolerance, since "
