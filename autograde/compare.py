@@ -94,15 +94,17 @@ def expect_sequence(result, length, *, what, names):
 
 
 def expect_value_error(fn, *args, what, reason):
-    """fn(*args) must raise ValueError (or a subclass) because of `reason`."""
+    """fn(*args) must raise ValueError (or a subclass) because of `reason`; returns
+    the error, for callers that check its message."""
     try:
         found = fn(*args)
-    except ValueError:
-        return
+    except ValueError as exc:
+        return exc
     except Exception as exc:  # any other exception is the wrong answer, not a crash
         raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
                              f"{type(exc).__name__}: {exc}") from None
-    raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {describe(found)}.")
+    returned = found if isinstance(found, (int, float)) else describe(found)  # a number is shown as it is
+    raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {returned}.")
 
 
 def numpy_only(fn, *args, what):

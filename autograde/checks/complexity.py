@@ -1,7 +1,8 @@
 """Hidden checks for Chapter 3 (Complexity)."""
 import numpy as np
 
-from autograde.compare import GradingFailure, call, call_unchanged, describe, expect_close, expect_int, numpy_only
+from autograde.compare import (GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error,
+                               numpy_only)
 from autograde.memory import traced_peak
 from autograde.reference import complexity as ref
 
@@ -106,14 +107,13 @@ class CountedCost:
     def __init__(self, model, answer):
         self.model, self.answer = model, answer
         self.limit = ref.call_bound(answer)
-        self.calls, self.breach, self.asked = 0, None, []
+        self.breach, self.asked = None, []  # the first breach; every n asked for, in order
 
     def _asked(self):
         shown = ", ".join(str(n) for n in self.asked[:12])
         return shown + (", ..." if len(self.asked) > 12 else "")
 
     def __call__(self, n):
-        self.calls += 1
         self.asked.append(n)
         if type(n) is not int:
             self._breach(f"called cost with n = {n!r} of type {type(n).__name__}: call cost with Python ints only. "
@@ -122,7 +122,7 @@ class CountedCost:
         if n < 1:
             self._breach(f"called cost({n}): cost is defined for n >= 1 only (a chunk of 0 tokens is not a chunk). "
                          "Start the search at n = 1, and raise ValueError when cost(1) is over the budget.")
-        if self.calls > self.limit:
+        if len(self.asked) > self.limit:
             answer = f"the answer is {self.answer}" if self.answer else "nothing fits"
             self._breach(f"called cost more than {self.limit} times, where {answer}: the exercise allows "
                          f"2·⌈log₂(answer + 1)⌉ + 6 = {self.limit} calls, and it asked for n = "
@@ -138,18 +138,24 @@ class CountedCost:
         if self.breach is not None:
             raise GradingFailure(f"{what} {self.breach}")
 
+    def judged(self, what, attempt):
+        """attempt(), with this cost's first breach, if any, reported instead of
+        whatever the student's code made of the error it raised."""
+        try:
+            result = attempt()
+        except GradingFailure:
+            self.check(what)
+            raise
+        self.check(what)
+        return result
+
 
 def _fitting_call(longest_fitting, model, budget):
     """The student's answer for one budget, and the counted cost it was given."""
     expected = ref.longest_fitting(model, budget)
     cost = CountedCost(model, expected)
     what = f"longest_fitting(cost, budget={budget}) with cost(n) = {model.formula}"
-    try:
-        found = call(longest_fitting, cost, budget, what=what)
-    except GradingFailure:
-        cost.check(what)  # the breach, not what the student's code made of it
-        raise
-    cost.check(what)
+    found = cost.judged(what, lambda: call(longest_fitting, cost, budget, what=what))
     return found, expected, what
 
 
@@ -217,21 +223,11 @@ def check_fitting_too_small(longest_fitting):
         cost = CountedCost(model, 0)
         what = f"longest_fitting(cost, budget={budget}) with cost(n) = {model.formula}"
         reason = f"cost(1) = {model(1)} is over the budget"
-        try:
-            found = longest_fitting(cost, budget)
-        except ValueError as exc:
-            cost.check(what)
-            if not any(f"{budget:{spec}}" in str(exc) for spec in ("", ",", "_")):
-                raise GradingFailure(f"{what} raised ValueError({str(exc)!r}), whose message does not name the "
-                                     f"budget: say which budget ({budget}) is too small for one token.") from None
-            continue
-        except Exception as exc:  # any other exception is the wrong answer, not a crash
-            cost.check(what)
-            raise GradingFailure(f"{what} should raise ValueError because {reason}, but raised "
-                                 f"{type(exc).__name__}: {exc}") from None
-        cost.check(what)
-        returned = found if isinstance(found, (int, float)) else describe(found)
-        raise GradingFailure(f"{what} should raise ValueError because {reason}, but returned {returned}.")
+        error = cost.judged(what, lambda: expect_value_error(longest_fitting, cost, budget, what=what,
+                                                             reason=reason))
+        if not any(f"{budget:{spec}}" in str(error) for spec in ("", ",", "_")):
+            raise GradingFailure(f"{what} raised ValueError({str(error)!r}), whose message does not name the "
+                                 f"budget: say which budget ({budget}) is too small for one token.")
 
 
 # ------------------------------------------------ dilated and causal linear attention
