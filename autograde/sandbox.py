@@ -18,15 +18,28 @@ for the life of the worker with a lock so that two grading commands on one
 machine never share one. Without root the template runs in an unprivileged
 user namespace and is started afresh for every student.
 
+A second kind of template never imports PyTorch, and its sandbox hides
+PyTorch's files (`torchless`): the exercises graded as NumPy code are graded
+in student processes forked from it (autograde.execute), where no thread,
+dispatch mode or trick can reach PyTorch. /tmp in the sandbox is the
+student's to write, as in Jupyter, and is emptied between students.
+
+Each student process is put in a memory cgroup of its own before any of its
+code runs (autograde.cgroups): `measured_call` reads the kernel's count of
+the memory a call used, threads, children and mappings included.
+
 Requests and answers are plain data (student_runtime.wire). The tests run here, in
 the grader: a student function appears as a `Remote` proxy whose calls are
-answered by the student process.
+answered by the student process. What the student's process hands back to a
+grader function (a callback) runs here under a time and a memory bound.
 """
 import atexit
 import contextlib
 import fcntl
+import importlib.util
 import json
 import os
+import resource
 import select
 import shutil
 import signal
@@ -38,8 +51,10 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from autograde import cgroups
 from student_runtime import wire
 from student_runtime.processes import count_processes
+from student_runtime.torchless import BLOCKED as TORCH_PACKAGES
 
 STARTUP_TIMEOUT_S = 120
 WATCH_INTERVAL_S = 0.25
@@ -53,7 +68,9 @@ LOCK_DIR = "/run/lock" if os.path.isdir("/run/lock") else tempfile.gettempdir()
 STUDENT_PACKAGES = ("student_runtime", "coursekit", "bookutils")  # importable in the sandbox, nothing else of the course
 TMP_BYTES = 512 * 2**20  # the disk (memory-backed) all of a worker's student files may fill
 VENV_VIEW = "/opt/course-python"  # where the sandbox sees the grader's virtual environment
-MAX_CALLBACK_BYTES = 64 * 2**20  # what a student may hand to a grader-side function in one call
+MAX_CALLBACK_BYTES = 16 * 2**20  # what a student may hand to a grader-side function in one call
+CALLBACK_SECONDS = 10  # the most one call of a grader-side function may take (within the call's own limit)
+CALLBACK_MEMORY_BYTES = 512 * 2**20  # and the most it may add to the grader's heap
 GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process may bring into the grader
 
 
@@ -106,6 +123,53 @@ def _children(pid):
     return found
 
 
+def _writable_ranges(pid):
+    ranges = []
+    with open(f"/proc/{pid}/maps") as fh:
+        for line in fh:
+            fields = line.split()
+            if len(fields) > 1 and "w" in fields[1]:
+                start, end = (int(x, 16) for x in fields[0].split("-"))
+                ranges.append((start, end))
+    return ranges
+
+
+def _frames(pagemap, start, end):
+    import numpy as np
+
+    pagemap.seek(start // 4096 * 8)
+    entries = np.frombuffer(pagemap.read((end - start) // 4096 * 8), dtype=np.uint64)
+    present = (entries >> np.uint64(63)) & np.uint64(1)
+    return np.where(present == 1, entries & np.uint64((1 << 55) - 1), np.uint64(0))
+
+
+def page_frames(pid):
+    """{(start, end): page frame numbers} of the writable mappings of `pid`
+    (0 where a page is not in memory). Needs root; {} otherwise."""
+    frames = {}
+    try:
+        with open(f"/proc/{pid}/pagemap", "rb") as pagemap:
+            for start, end in _writable_ranges(pid):
+                frames[(start, end)] = _frames(pagemap, start, end)
+    except (OSError, ValueError):
+        return {}
+    if not any(f.any() for f in frames.values()):
+        return {}  # frame numbers hidden from this user
+    return frames
+
+
+def rewritten_bytes(before, after):
+    """Bytes of pages present in both snapshots whose page frame changed: with
+    a process holding the memory as it was (copy-on-write), the pages written
+    in between."""
+    total = 0
+    for span, old in before.items():
+        new = after.get(span)
+        if new is not None and len(new) == len(old):
+            total += int(((old != 0) & (new != 0) & (old != new)).sum()) * 4096
+    return total
+
+
 def host_pid(root, inner):
     """The pid, as this process sees it, of the descendant of `root` whose pid
     inside its own namespace is `inner`: the sandbox reports inner pids."""
@@ -132,9 +196,30 @@ def namespaces_available():
     return None
 
 
-def _bwrap_prefix(lib):
+def _sandbox_path(path):
+    """Where the sandbox sees a file of this machine's Python installation."""
+    if sys.prefix != sys.base_prefix and (path + os.sep).startswith(sys.prefix + os.sep):
+        return VENV_VIEW + path[len(sys.prefix):]
+    return path
+
+
+def _torch_folders():
+    """The installed folders of PyTorch and of what needs it, as the sandbox sees them."""
+    folders = []
+    for name in TORCH_PACKAGES:
+        try:
+            spec = importlib.util.find_spec(name)
+        except (ImportError, ValueError):
+            continue
+        for folder in (spec.submodule_search_locations or []) if spec else []:
+            folders.append(_sandbox_path(os.path.realpath(folder)))
+    return folders
+
+
+def _bwrap_prefix(lib, torchless=False):
     """bwrap's arguments: new namespaces and a read-only view of the system and
-    of Python, the student-side packages from `lib`, a private /tmp."""
+    of Python, the student-side packages from `lib`, a private /tmp; with
+    `torchless`, PyTorch's folders (and those of what needs it) are empty."""
     args = ["bwrap", "--die-with-parent", "--unshare-pid", "--unshare-net", "--unshare-ipc", "--unshare-uts",
             "--unshare-cgroup-try"]
     if os.geteuid() != 0:
@@ -154,6 +239,9 @@ def _bwrap_prefix(lib):
         for parent in parents:
             args += ["--perms", "0755", "--dir", parent]
         args += ["--ro-bind", source, target]
+    if torchless:
+        for folder in _torch_folders():
+            args += ["--tmpfs", folder, "--remount-ro", folder]
     args += ["--proc", "/proc", "--dev", "/dev"]
     for device in sorted(os.listdir("/dev")):  # a GPU, where there is one
         if device.startswith("nvidia"):
@@ -188,11 +276,11 @@ def _stage_student_packages(folder):
     return lib
 
 
-def _server_command(lib, fd, python=sys.executable):
+def _server_command(lib, fd, python=sys.executable, torchless=False):
     """Python running student_runtime.server from `lib`, with no PYTHONPATH
     in the environment for student code to read."""
     start = f"import sys; sys.path.insert(0, {lib!r}); from student_runtime.server import main; main()"
-    return [python, "-c", start, str(fd)]
+    return [python, "-c", start, str(fd)] + (["torchless"] if torchless else [])
 
 
 def _sandbox_python():
@@ -208,10 +296,10 @@ ISOLATE = True
 
 
 class _Zygote:
-    """One per grading worker: a process with the course's libraries loaded
-    (inside the sandbox) that forks each student process on request."""
+    """One per grading worker and kind: a process with the course's libraries
+    loaded (inside the sandbox) that forks each student process on request."""
 
-    def __init__(self):
+    def __init__(self, torchless=False):
         self.home = tempfile.mkdtemp(prefix="grader-template-")
         ours, theirs = socket.socketpair()
         log = open(os.path.join(self.home, "log"), "wb")
@@ -219,16 +307,17 @@ class _Zygote:
         if ISOLATE:
             lib = _stage_student_packages(self.home)
             env = _environment("/tmp/template")
-            options = _bwrap_prefix(lib)[1:] + ["--clearenv"] + \
+            options = _bwrap_prefix(lib, torchless)[1:] + ["--clearenv"] + \
                 [arg for name, value in env.items() for arg in ("--setenv", name, value)]
             # Through a pipe (--args), so that the sandbox's own command line,
             # readable inside it, names no path of the grader's machine.
             fds.append(_options_pipe(options))
             command = ["bwrap", "--args", str(fds[-1]), "--"] + \
-                _server_command("/course/lib", theirs.fileno(), _sandbox_python())
+                _server_command("/course/lib", theirs.fileno(), _sandbox_python(), torchless)
         else:
             env = _environment(self.home)
-            command = _server_command(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), theirs.fileno())
+            command = _server_command(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), theirs.fileno(),
+                                      torchless=torchless)
         try:
             self.proc = subprocess.Popen(
                 command, pass_fds=fds, cwd=self.home, env=env,
@@ -294,15 +383,16 @@ class _Zygote:
         except (OSError, EnvironmentFailure):
             pass
 
-    def sightings(self, pid):
-        """What the audit hook of a student process reported (a list of dicts)."""
+    def sightings(self, pid, since=0):
+        """(what the audit hook of a student process reported after sequence
+        number `since`, a list of dicts; the latest sequence number)."""
         try:
-            self._send({"op": "audit", "pid": pid})
+            self._send({"op": "audit", "pid": pid, "since": since})
             message, _ = self._receive(30)
         except (OSError, EnvironmentFailure):
-            return []
+            return [], since
         events = message.get("events")
-        return events if isinstance(events, list) else []
+        return (events if isinstance(events, list) else []), int(message.get("seq") or since)
 
     def exit_code(self, pid):
         try:
@@ -326,25 +416,33 @@ class _Zygote:
             shutil.rmtree(self.home, ignore_errors=True)
 
 
-_ZYGOTE = None
+_ZYGOTES = {}  # torchless -> this process's zygote of that kind
 
 
-def _zygote():
-    """This process's zygote, started on first use (and again if it died)."""
-    global _ZYGOTE
-    if _ZYGOTE is None or not _ZYGOTE.alive():
-        if _ZYGOTE is not None:
-            _ZYGOTE.close()
-        _ZYGOTE = _Zygote()
-    return _ZYGOTE
+def _zygote(torchless=False):
+    """This process's zygote of a kind, started on first use (and again if it died)."""
+    current = _ZYGOTES.get(torchless)
+    if current is None or not current.alive():
+        if current is not None:
+            current.close()
+        _ZYGOTES[torchless] = _Zygote(torchless)
+    return _ZYGOTES[torchless]
+
+
+def _forget_zygote(zygote):
+    zygote.close()
+    for kind, current in list(_ZYGOTES.items()):
+        if current is zygote:
+            del _ZYGOTES[kind]
 
 
 @atexit.register
 def _close_zygote():
-    """Nothing of a worker is left behind when it ends: its template process
-    and its folder go with it."""
-    if _ZYGOTE is not None:
-        _ZYGOTE.close()
+    """Nothing of a worker is left behind when it ends: its template processes
+    and their folders go with it."""
+    for zygote in list(_ZYGOTES.values()):
+        zygote.close()
+    _ZYGOTES.clear()
 
 
 def _environment(home):
@@ -417,17 +515,20 @@ class _TimedPipe:
         pass
 
 
-_UID_LOCK = None  # (uid, open lock file) held by this worker process for its life
+_UID_LOCKS = {}  # kind -> (uid, open lock file) held by this worker process for its life
 
 
-def _student_uid():
-    """A user id for this worker's students that no other worker, and no other
+def _student_uid(kind=False):
+    """A user id for this worker's students of one kind (the two kinds of
+    student process run side by side) that no other worker, and no other
     grading command on this machine, uses at the same time (as root only)."""
-    global _UID_LOCK
     if os.geteuid() != 0:
         return None
-    if _UID_LOCK is None:
+    if kind not in _UID_LOCKS:
+        taken = {uid for uid, _ in _UID_LOCKS.values()}
         for uid in range(BASE_UID, BASE_UID + UID_RANGE):
+            if uid in taken:
+                continue
             handle = open(os.path.join(LOCK_DIR, f"attention-course-grader-uid-{uid}.lock"), "a")
             try:
                 fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -435,22 +536,56 @@ def _student_uid():
                 handle.close()
                 continue
             if count_processes(uid=uid, zombies=True) == 0:  # not left running by a killed run
-                _UID_LOCK = (uid, handle)
+                _UID_LOCKS[kind] = (uid, handle)
                 break
             handle.close()
         else:
             raise EnvironmentFailure(f"no free user id for student code in {BASE_UID}..{BASE_UID + UID_RANGE}")
-    return _UID_LOCK[0]
+    return _UID_LOCKS[kind][0]
+
+
+@contextlib.contextmanager
+def _bounded(seconds, extra_bytes):
+    """Run a grader function called back by a student's code for at most
+    `seconds`, adding at most `extra_bytes` to this process's heap: past
+    either bound it raises, and the student's call fails."""
+    def stop(signum, frame):
+        raise TimeoutError(f"a grader function called by the student's code ran past {seconds:.0f} s")
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+    data = _data_bytes()
+    bound = data + extra_bytes if data else soft
+    if soft != resource.RLIM_INFINITY:
+        bound = min(bound, soft)
+    previous = signal.signal(signal.SIGALRM, stop)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
+    try:
+        resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
+
+
+def _data_bytes():
+    try:
+        with open("/proc/self/status") as fh:
+            return next(int(line.split()[1]) * 1024 for line in fh if line.startswith("VmData:"))
+    except (OSError, StopIteration, ValueError):
+        return 0
 
 
 class Sandbox:
-    """One student process at a time; `restart()` replaces it after a crash."""
+    """One student process at a time; `restart()` replaces it after a crash.
+    With `torchless`, the process is one in which PyTorch does not exist."""
 
-    def __init__(self, limits=None):
+    def __init__(self, limits=None, torchless=False):
         global ISOLATE
         self.limits = limits or Limits()
         ISOLATE = self.limits.isolate  # one setting per grading run, so per worker process
-        self.uid = _student_uid()
+        self.torchless = torchless
+        self.uid = _student_uid(torchless)
         self.pid = None  # the student process (a child of this worker's zygote), as the zygote sees it
         self.host = None  # the same process as this one sees it (for /proc)
         self.zygote = None
@@ -458,7 +593,15 @@ class Sandbox:
         self.lost = None  # why the current process was lost, if it was
         self.callbacks = {}
         self.sightings = []  # what the audit hooks of this sandbox's student processes reported
+        self.audit_seq = 0  # the latest audit sequence number read from the current process
         self.generation = 0  # bumped at each restart; proxies of an old process are stale
+        self.meter = None  # the current process's memory cgroup (autograde.cgroups), if one could be made
+        self.unmetered = None  # why there is none
+        self.called = set()  # names of the student functions called since `called` was last emptied
+        self.forfeited = {}  # name -> why: student functions whose integrity checks failed
+        self.origins = {}  # handle id -> name of the student function whose call produced it
+        self.twin = None  # the student's process without PyTorch, beside this one (autograde.execute)
+        self._origin_of_new = None  # the function whose answer is being decoded
 
     # ------------------------------------------------------------ lifecycle
     def start(self):
@@ -467,9 +610,11 @@ class Sandbox:
         spec = {"home": self.home, "uid": -1 if self.uid is None else self.uid,
                 "nproc": _process_limit(self.limits, self.uid), "cpu_s": self.limits.cpu_s,
                 "memory_bytes": self.limits.memory_bytes, "file_bytes": self.limits.file_bytes}
-        self.zygote = _zygote()
+        self.zygote = _zygote(self.torchless)
         self.pid, fd = self.zygote.spawn(spec)
         self.host = self.zygote.host_pid(self.pid)
+        self.audit_seq = 0
+        self._meter()
         self.writer, self.reader = _TimedPipe(os.dup(fd), self._watch), _TimedPipe(fd, self._watch)
         self.channel = wire.Channel(self.reader, self.writer, max_bytes=GRADER_FRAME_BYTES)
         self.lost = None
@@ -481,6 +626,18 @@ class Sandbox:
         if header.get("kind") != "ready":
             raise EnvironmentFailure(f"a student process sent {header.get('kind')!r} instead of ready")
         return self
+
+    def _meter(self):
+        """The new process into a memory cgroup of its own, before it runs any
+        student code (it waits for its first request): what it starts is born there."""
+        self.meter, self.unmetered = cgroups.create()
+        if self.meter is None:
+            return
+        try:
+            self.meter.add(self.host)
+        except (OSError, TypeError) as exc:
+            self.meter.close()
+            self.meter, self.unmetered = None, f"the student's process could not be moved into its cgroup ({exc})"
 
     def _processes(self):
         """How many live processes the student's code has: those of its own
@@ -513,7 +670,6 @@ class Sandbox:
         self.home = None
 
     def _kill_everything(self):
-        global _ZYGOTE
         if self.pid is None or self.zygote is None:
             return
         if self.host is not None:
@@ -521,14 +677,25 @@ class Sandbox:
                 os.killpg(self.host, signal.SIGKILL)  # its session: it and what it started
             except OSError:
                 pass
-        self.sightings += self.zygote.sightings(self.pid)
+        self.drain()
         if ISOLATE and self.uid is None:
             # Without root every student shares the grader's user id, so only
             # ending the whole namespace ends what a student left running.
-            self.zygote.close()
-            _ZYGOTE = None
+            _forget_zygote(self.zygote)
         else:
             self.zygote.sweep(self.pid, self.uid, self.home)
+        if self.meter is not None:
+            self.meter.close()
+            self.meter = None
+
+    def drain(self):
+        """What the current process's audit hook reported since the last drain
+        (also added to `sightings`)."""
+        if self.pid is None or self.zygote is None:
+            return []
+        events, self.audit_seq = self.zygote.sightings(self.pid, self.audit_seq)
+        self.sightings += events
+        return events
 
     def __enter__(self):
         return self.start()
@@ -585,10 +752,14 @@ class Sandbox:
                 raise ValueError("no such grader function")
             args = self.decode(reply.get("args"), blobs)
             kwargs = self.decode(reply.get("kwargs"), blobs)
-            value = fn(*args, **kwargs)
+            with _bounded(min(CALLBACK_SECONDS, deadline - time.monotonic()), CALLBACK_MEMORY_BYTES):
+                value = fn(*args, **kwargs)
             out = []
             answer = {"kind": "callback_result", "value": self.encode(value, out)}
         except Exception as exc:  # a grader function given bad data: the student's call fails
+            if isinstance(exc, MemoryError):
+                exc = MemoryError(f"a grader function called by the student's code needed more than "
+                                  f"{CALLBACK_MEMORY_BYTES // 2**20} MiB")
             answer, out = {"kind": "callback_error", "message": f"{type(exc).__name__}: {exc}"}, []
         self.writer.deadline = deadline
         try:
@@ -601,7 +772,7 @@ class Sandbox:
         return wire.encode(value, blobs, self._outgoing)
 
     def _outgoing(self, value):
-        if isinstance(value, Remote):
+        if isinstance(value, Remote) and value._sandbox is self:
             value._check_alive()
             return value._marker
         module = getattr(value, "__module__", "") or ""
@@ -624,6 +795,8 @@ class Sandbox:
 
     def _incoming(self, obj):
         if obj.get("$") == "handle":
+            if self._origin_of_new:
+                self.origins.setdefault(int(obj["id"]), self._origin_of_new)
             return Remote._for(self, {"handle": int(obj["id"])}, str(obj.get("type", "object")),
                                tuple(map(str, obj.get("mro", ()))), bool(obj.get("callable")))
         raise wire.WireError(f"unexpected marker {obj.get('$')!r} from the student's process")
@@ -654,17 +827,91 @@ class Sandbox:
     def call(self, target, args, kwargs):
         self.callbacks = {}
         _CHANGED_IN_PLACE.clear()
+        self._note_called(target)
         blobs = []
         header = {"kind": "call", "target": target, "args": self.encode(list(args), blobs),
                   "kwargs": self.encode(dict(kwargs), blobs)}
         reply, reply_blobs = self.request(header, blobs)
-        return self._answer(reply, reply_blobs, list(args) + list(kwargs.values()))
+        return self._answer(reply, reply_blobs, list(args) + list(kwargs.values()), self._origin(target))
+
+    def measured_call(self, fn, args, kwargs):
+        """(value, (new, rewritten) or None): fn(*args, **kwargs) in the
+        student's process, measured by the kernel over the call alone (the
+        arguments are sent before and the answer fetched after the measurement):
+        `new` is the peak growth of the charge of the process's memory cgroup,
+        threads and children included, less the pages the call rewrote;
+        `rewritten` the bytes of memory that existed before the call and that
+        the call wrote, seen as the pages it copied from a process that holds
+        the memory as it was (student_runtime.server's `hold`). None where the
+        process has no cgroup (`unmetered` says why)."""
+        self.callbacks = {}
+        values = list(args) + list(kwargs.values())
+        target = self._target_of(fn)
+        self._note_called(target)
+        blobs = []
+        staged, _ = self.request({"kind": "stage", "values": self.encode(values, blobs)}, blobs)
+        handles = staged.get("handles") if staged.get("kind") == "staged" else None
+        if not (isinstance(handles, list) and len(handles) == len(values) and all(isinstance(h, int) for h in handles)):
+            self._lose("sent a malformed reply and was stopped")
+        markers = [{"$": "handle", "id": h} for h in handles]
+        header = {"kind": "call", "target": target, "keep": True,
+                  "args": {"$": "list", "v": markers[:len(args)]},
+                  "kwargs": {"$": "dict", "v": dict(zip(kwargs, markers[len(args):]))}}
+        meter, holder = self.meter, None
+        if meter is not None:
+            held, _ = self.request({"kind": "hold"})
+            holder = self.zygote.host_pid(held["pid"]) if isinstance(held.get("pid"), int) else None
+            if holder is None or holder not in _children(self.host):
+                self.forfeited.setdefault(self._origin(target) or "", "measured without holding its memory")
+                self.sightings.append({"what": "changes the grader's helpers in its process", "cell": "",
+                                       "detail": "a measured call ran without the process that holds its memory"})
+            frames = page_frames(self.host)
+            meter.begin()
+        try:
+            reply, _ = self.request(header)
+        finally:
+            measured = None
+            if meter is not None and self.meter is meter:
+                charged = meter.end()
+                rewritten = rewritten_bytes(frames, page_frames(self.host)) if holder else 0
+                measured = (max(charged - rewritten, 0), rewritten)
+            if holder:
+                with contextlib.suppress(OSError):
+                    os.kill(holder, signal.SIGKILL)
+        if reply.get("kind") == "error":
+            raise remote_exception(reply.get("error") or {})
+        kept = (reply.get("value") or {}).get("id") if isinstance(reply.get("value"), dict) else None
+        if reply.get("kind") != "value" or not isinstance(kept, int):
+            self._lose("sent a malformed reply and was stopped")
+        answer, answer_blobs = self.request({"kind": "fetch", "handle": kept, "release": handles + [kept]})
+        return self._answer(answer, answer_blobs, [], self._origin(target)), measured
+
+    def _target_of(self, fn):
+        if isinstance(fn, Remote) and fn._sandbox is self:
+            fn._check_alive()
+            return fn._target
+        marker = self._outgoing(fn)
+        if marker.get("$") != "ref":
+            raise ValueError(f"{fn!r} cannot run in the student's process")
+        return {"ref": marker["v"]}
+
+    def _note_called(self, target):
+        name = self._origin(target)
+        if name:
+            self.called.add(name)
+
+    def _origin(self, target):
+        """The name of the student function a call target comes from."""
+        if "name" in target:
+            return target["name"]
+        return self.origins.get(target.get("handle"))
 
     def getattr(self, handle, name):
+        self._note_called({"handle": handle})
         reply, reply_blobs = self.request({"kind": "getattr", "handle": handle, "name": name})
-        return self._answer(reply, reply_blobs, [])
+        return self._answer(reply, reply_blobs, [], self.origins.get(handle))
 
-    def _answer(self, reply, blobs, sent):
+    def _answer(self, reply, blobs, sent, origin=None):
         if not isinstance(reply.get("mirror") or {}, dict) or not isinstance(reply.get("error") or {}, dict):
             self._lose("sent a malformed reply and was stopped")
         if reply.get("kind") == "error":
@@ -677,6 +924,7 @@ class Sandbox:
             original = sent[int(key)]
             if _differs(original, self.decode(encoded, blobs)):
                 _CHANGED_IN_PLACE[id(original)] = original
+        self._origin_of_new = origin
         return self.decode(reply.get("value"), blobs)
 
 
@@ -814,6 +1062,37 @@ def note_sighting(value, what, detail):
         remote._sandbox.sightings.append({"what": what, "cell": "", "detail": detail})
 
 
+def forfeit(value, what, detail):
+    """An integrity check on the student's function (or object) `value`
+    failed: report it like note_sighting, and let no test cell that calls this
+    function earn its points, before this one or after (autograde.execute
+    applies it when the notebook is done). Nothing for a local object."""
+    remote = find_remote([value])
+    if remote is None:
+        return
+    sandbox = remote._sandbox
+    sandbox.sightings.append({"what": what, "cell": "", "detail": detail})
+    name = sandbox._origin(remote._target)
+    if name:
+        sandbox.forfeited.setdefault(name, f"{what}: {detail}")
+
+
+def reported_during(fn, *args, what_reported, **kwargs):
+    """(fn(*args, **kwargs), details of the audit reports `what_reported` that
+    the student's process made while it ran, from any thread). The reports go
+    to a pipe held outside the student's process (student_runtime.audit)."""
+    remote = find_remote([fn, *args, *kwargs.values()])
+    if remote is None:
+        return fn(*args, **kwargs), []
+    sandbox = remote._sandbox
+    sandbox.drain()
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        seen = sorted({e.get("detail", "") for e in sandbox.drain() if e.get("what") == what_reported})
+    return result, seen
+
+
 def is_instance(value, cls):
     """isinstance that also recognises objects living in the student's process."""
     if isinstance(value, Remote):
@@ -821,5 +1100,5 @@ def is_instance(value, cls):
     return isinstance(value, cls)
 
 
-__all__ = ["EnvironmentFailure", "Limits", "Remote", "Sandbox", "SandboxLost", "find_remote",
-           "in_student_process", "is_instance", "note_sighting", "student_function"]
+__all__ = ["EnvironmentFailure", "Limits", "Remote", "Sandbox", "SandboxLost", "find_remote", "forfeit",
+           "in_student_process", "is_instance", "note_sighting", "reported_during", "student_function"]

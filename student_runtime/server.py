@@ -5,7 +5,14 @@ requests from the grader: call a student function, read an attribute of an
 object it returned, or run one of the measuring probes (student_runtime.probes) on the
 student's function. Every answer is plain data (student_runtime.wire); an object
 that is not data stays here and the grader gets a numbered handle to it.
-Nothing here decides a grade: the tests run in the grader's process."""
+Nothing here decides a grade: the tests run in the grader's process.
+
+The probes are taken from a snapshot made before any student code ran
+(student_runtime.integrity), and the snapshot is checked before and after
+every request. The template comes in two kinds: one with PyTorch (and Triton)
+loaded, whose attention layers report their calls (student_runtime.layers),
+and one in which PyTorch does not exist (student_runtime.torchless), for the
+exercises graded as NumPy code."""
 import contextlib
 import gc
 import importlib
@@ -48,6 +55,10 @@ class Server:
         self.shell.showtraceback = self._remember_traceback
         self.initial = set(self.shell.user_ns)
         self.handles = {}
+        self.snapshot = None  # the grader's helpers as loaded (student_runtime.integrity), set by the template
+        self.torchless = False
+        self.holding = None  # (pid, pipe) of the process holding memory during a measured call
+        self._audit = sys.audit  # kept before student code runs, which could rebind sys.audit
 
     # ------------------------------------------------------------ encoding
     def _handle(self, value):
@@ -81,12 +92,27 @@ class Server:
         if tag == "callback":
             return self._callback(obj["id"])
         if tag == "ref":
-            module, _, name = obj["v"].partition(":")
-            target = importlib.import_module(module)
-            for part in name.split("."):
-                target = getattr(target, part)
-            return target
+            return self._helper(obj["v"])
         raise self.wire.WireError(f"unknown marker {tag!r}")
+
+    def _helper(self, spec):
+        """A helper of the grader's, as it was before any student code ran."""
+        if self.snapshot is not None:
+            return self.snapshot.resolve(spec)
+        module, _, name = spec.partition(":")
+        target = importlib.import_module(module)
+        for part in name.split("."):
+            target = getattr(target, part)
+        return target
+
+    def _check_helpers(self):
+        """Put back any of the grader's helpers the student's code changed, and say so."""
+        if self.snapshot is None:
+            return
+        changed = self.snapshot.restore()
+        if changed:
+            self._audit("student_runtime.report", "changes the grader's helpers in its process",
+                        ", ".join(changed[:8]))
 
     def _refuse(self, value):
         raise self.wire.WireError(f"a {type(value).__name__} is not data")
@@ -98,22 +124,60 @@ class Server:
 
         if value is None or isinstance(value, (bool, int, float, str, complex, np.generic, np.dtype)):
             return True
-        torch = sys.modules.get("torch")
+        torch = self.wire.real_torch()
         if torch is not None and isinstance(value, (torch.Size, torch.dtype)):
             return True
         return type(value) is tuple and all(self._is_primitive(v) for v in value)
 
     # ------------------------------------------------------------ requests
     def run_cell(self, header, blobs):
+        source = header["source"]
         with contextlib.redirect_stdout(io.StringIO()) as out, contextlib.redirect_stderr(io.StringIO()) as err:
             # With history each cell gets its own name in linecache, which
             # Triton's interpreter needs to read a kernel's source.
-            result = self.shell.run_cell(header["source"], store_history=True)
+            result = self.shell.run_cell(source, store_history=True)
+            for _ in range(100):
+                rest = self._after_torch_use(source, result.error_in_exec)
+                if rest is None:
+                    break
+                source = rest
+                result = self.shell.run_cell(rest, store_history=True)
         failed = result.error_before_exec or result.error_in_exec
         reply = {"kind": "ran", "stdout": _clip(out.getvalue()), "stderr": _clip(err.getvalue())}
         if failed is not None:
             reply["error"] = _exception(failed)
         return reply, []
+
+    def _after_torch_use(self, source, error):
+        """Without PyTorch, a cell's top-level statement that used it is passed
+        over and the statements after it still run, as they did where PyTorch
+        exists (a setup cell's `torch.manual_seed(0)`, a comparison with PyTorch
+        after a definition): the source of the rest, or None."""
+        from student_runtime.torchless import TorchUnavailable
+
+        if not self.torchless or not isinstance(error, TorchUnavailable):
+            return None
+        line = None
+        tb = error.__traceback__
+        while tb is not None and line is None:
+            if tb.tb_frame.f_code.co_filename.startswith("<ipython-input-"):
+                line = tb.tb_lineno  # the outermost frame of the cell: a top-level statement
+            tb = tb.tb_next
+        if line is None:
+            return None
+        import ast
+
+        code = self.shell.transform_cell(source)
+        try:
+            statements = ast.parse(code).body
+        except SyntaxError:
+            return None
+        ends = [node.end_lineno for node in statements if node.lineno <= line <= node.end_lineno]
+        if not ends:
+            return None
+        lines = code.splitlines()
+        rest = lines[ends[0]:]
+        return "\n" * ends[0] + "\n".join(rest) if any(ln.strip() for ln in rest) else None
 
     def _remember_traceback(self, *args, **kwargs):
         pass  # the error is reported in the reply; nothing is printed
@@ -128,8 +192,8 @@ class Server:
         try:  # the measuring helpers import parts of PyTorch on first use
             import numpy as np
 
-            from coursekit.memory import traced_peak
-            traced_peak(lambda: np.ones(4) + 1)
+            from student_runtime.probes import inside_peak
+            inside_peak(lambda: np.ones(4) + 1)
         except Exception:
             pass
 
@@ -156,13 +220,15 @@ class Server:
         args = self.wire.decode(header["args"], blobs, self._marker)
         kwargs = self.wire.decode(header["kwargs"], blobs, self._marker)
         grad_off = contextlib.nullcontext()
-        torch = sys.modules.get("torch")
+        torch = self.wire.real_torch()
         if torch is not None and "handle" in header["target"]:
             grad_off = torch.no_grad()  # methods of returned objects, e.g. a layer's weight.copy_()
         with warnings.catch_warnings(), grad_off, \
                 contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
             warnings.simplefilter("ignore")
             value = target(*args, **kwargs)
+        if header.get("keep"):  # a measured call: the answer crosses later, outside the measurement
+            return {"kind": "value", "value": self._handle(value), "mirror": {}}, []
         out_blobs = []
         mirror = {}
         for i, arg in enumerate(list(args) + list(kwargs.values())):
@@ -173,6 +239,49 @@ class Server:
                     pass
         return {"kind": "value", "value": self.wire.encode(value, out_blobs, self._handle),
                 "mirror": mirror}, out_blobs
+
+    def stage(self, header, blobs):
+        """Keep values here and answer with handles to them, so that a measured
+        call's arguments arrive before its measurement starts."""
+        values = self.wire.decode(header["values"], blobs, self._marker)
+        return {"kind": "staged", "handles": [self._handle(v)["id"] for v in values]}, []
+
+    def hold(self, header, blobs):
+        """Fork a process that holds this one's memory as it is now, and only
+        waits, while a measured call runs: every page of this process is then
+        shared with it, so a page the call writes, allocated before it or not
+        (a buffer kept from an earlier cell, memory the allocator reuses), is
+        copied, and the kernel charges the copy to the call."""
+        gc.collect()
+        gc.freeze()  # a collection during the call then writes only to what the call made (they stay frozen)
+        _trim()
+        read, write = os.pipe()
+        pid = os.fork()
+        if pid == 0:
+            os.close(write)
+            os.read(read, 1)  # until the measured call is over and this end is closed
+            os._exit(0)
+        os.close(read)
+        self.holding = (pid, write)
+        return {"kind": "held", "pid": pid}, []
+
+    def _release_hold(self):
+        if self.holding is not None:
+            pid, write = self.holding
+            self.holding = None
+            os.close(write)
+            with contextlib.suppress(OSError):
+                os.waitpid(pid, 0)
+
+    def fetch(self, header, blobs):
+        """A kept value, as data; then forget the handles named in `release`."""
+        self._release_hold()
+        value = self.handles[header["handle"]]
+        out_blobs = []
+        encoded = self.wire.encode(value, out_blobs, self._handle)
+        for key in header.get("release", []):
+            self.handles.pop(key, None)
+        return {"kind": "value", "value": encoded, "mirror": {}}, out_blobs
 
     def getattr(self, header, blobs):
         value = getattr(self.handles[header["handle"]], header["name"])
@@ -188,18 +297,29 @@ class Server:
                 header, blobs = self.channel.receive()
             except EOFError:
                 return
-            handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call,
-                       "getattr": self.getattr}.get(header.get("kind"))
+            handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call, "stage": self.stage,
+                       "hold": self.hold, "fetch": self.fetch, "getattr": self.getattr}.get(header.get("kind"))
             try:
+                self._check_helpers()
                 if handler is None:
                     raise ValueError(f"unknown request {header.get('kind')!r}")
                 reply, out_blobs = handler(header, blobs)
             except BaseException as exc:  # the student's error (or SystemExit) is the answer
                 reply, out_blobs = {"kind": "error", "error": _exception(exc)}, []
+            self._check_helpers()
             try:
                 self.channel.send(reply, out_blobs)
             except (self.wire.WireError, TypeError, ValueError) as exc:  # e.g. a NaN hidden in a dict
                 self.channel.send({"kind": "error", "error": _exception(exc)})
+
+
+def _trim():
+    """Give the memory the allocator keeps free back to the system, so that
+    reusing it is charged again."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.CDLL(None).malloc_trim(0)
 
 
 # Loaded before the switch to an unprivileged user: the Python installation
@@ -210,18 +330,19 @@ PRELOAD = [
     "fractions", "functools", "heapq", "itertools", "json", "math", "numbers", "operator", "random", "re",
     "statistics", "string", "textwrap", "time", "typing", "warnings",
     "numpy", "numpy.linalg", "numpy.random", "numpy.fft",
-    "torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch", "torch.utils.flop_counter",
     "matplotlib", "matplotlib.pyplot",
-    "student_runtime.calls", "student_runtime.probes", "coursekit.memory", "coursekit.torch_memory",
+    "student_runtime.calls", "student_runtime.probes", "student_runtime.integrity", "coursekit.memory",
     "coursekit.triton_env",
 ]
+PRELOAD_TORCH = ["torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch",
+                 "torch.utils.flop_counter", "coursekit.torch_memory", "student_runtime.layers"]
 # Importing Triton does not touch the GPU, so this template can still fork
 # children that start CUDA themselves.
 PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace"]
 
 
-def _preload():
-    for name in PRELOAD + PRELOAD_TRITON:
+def _preload(torchless):
+    for name in PRELOAD + ([] if torchless else PRELOAD_TORCH + PRELOAD_TRITON):
         try:
             importlib.import_module(name)
         except Exception:  # a missing optional library is the notebook's problem, reported when it imports it
@@ -269,7 +390,7 @@ def _fresh_home(spec):
 
 def _sweep(request):
     """End everything a student started and remove what it wrote: its session,
-    every process of its user id (as root), its folder, and /dev/shm."""
+    every process of its user id (as root), its folder, /tmp and /dev/shm."""
     import shutil
     import time
 
@@ -294,33 +415,77 @@ def _sweep(request):
                 break
             time.sleep(0.05)
     shutil.rmtree(request["home"], ignore_errors=True)
-    if os.path.isdir("/dev/shm") and request.get("isolated"):
-        for entry in os.listdir("/dev/shm"):
+    if not request.get("isolated"):
+        return
+    for folder, keep in (("/dev/shm", ()), ("/tmp", (TEMPLATE_FOLDER,))):
+        for entry in os.listdir(folder) if os.path.isdir(folder) else ():
+            path = os.path.join(folder, entry)
+            if path in keep:
+                continue
             with contextlib.suppress(OSError):
-                path = os.path.join("/dev/shm", entry)
-                shutil.rmtree(path) if os.path.isdir(path) else os.unlink(path)
+                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
-def _sightings(fd):
-    """The audit lines a student process has written so far."""
-    import json
+TEMPLATE_FOLDER = "/tmp/template"  # the template's working folder in the sandbox (autograde.sandbox)
 
-    data = b""
-    while fd is not None and len(data) < 2**20:
-        try:
-            chunk = os.read(fd, 65536)
-        except (BlockingIOError, OSError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    events = []
-    for line in data.decode(errors="replace").splitlines()[:200]:
-        with contextlib.suppress(ValueError):
-            event = json.loads(line)
-            if isinstance(event, dict):
-                events.append({k: str(event.get(k, ""))[:300] for k in ("what", "detail", "cell")})
-    return events
+
+class AuditLog:
+    """What the audit hook of one student process wrote (student_runtime.audit),
+    read as it comes so that the hook never waits for long. Repeated lines are
+    counted, not stored again; each entry remembers the sequence number of its
+    latest sighting, so the grader can ask what happened since a moment it
+    chose (before and after a graded call)."""
+
+    DISTINCT = 2000  # different sightings kept per process; more is a flood, itself reported
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.partial = b""
+        self.seq = 0
+        self.entries = {}  # (what, detail) -> entry
+
+    def read(self):
+        import json
+
+        while self.fd is not None:
+            try:
+                chunk = os.read(self.fd, 65536)
+            except BlockingIOError:
+                return
+            except OSError:
+                chunk = b""
+            if not chunk:  # the process ended (or closed its end: what it does later is not seen)
+                os.close(self.fd)
+                self.fd = None
+                return
+            *lines, self.partial = (self.partial + chunk).split(b"\n")
+            if len(self.partial) > 4096:
+                self.partial = b""
+            for line in lines:
+                with contextlib.suppress(ValueError):
+                    event = json.loads(line)
+                    if isinstance(event, dict):
+                        self._add({k: str(event.get(k, ""))[:300] for k in ("what", "detail", "cell")})
+
+    def _add(self, event):
+        self.seq += 1
+        key = (event["what"], event["detail"])
+        if key not in self.entries and len(self.entries) >= self.DISTINCT:
+            key = ("floods its audit report", "")
+            event = {"what": key[0], "detail": "", "cell": event["cell"]}
+        entry = self.entries.setdefault(key, {**event, "count": 0})
+        entry["count"] += 1
+        entry["seq"] = self.seq
+
+    def since(self, seq):
+        self.read()
+        return [dict(e) for e in self.entries.values() if e["seq"] > seq], self.seq
+
+    def close(self):
+        if self.fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.fd)
+            self.fd = None
 
 
 def _readable():
@@ -360,19 +525,33 @@ def _address_space():
     return 0
 
 
-def zygote(control_fd):
+def zygote(control_fd, torchless=False):
     """A process with the libraries loaded that forks one student process per
     request: each starts in a fraction of a second instead of importing
-    PyTorch again. It also reaps them and reports how each ended."""
+    PyTorch again. It also reaps them, reports how each ended and holds what
+    their audit hooks wrote. Without PyTorch (`torchless`) it blocks PyTorch
+    before anything is imported."""
     import json
     import select
     import socket
     import time
 
+    from student_runtime import integrity, torchless as blocker
+
+    if torchless:
+        blocker.install()
     control = socket.socket(fileno=control_fd)
     server = Server(None)
-    _preload()
+    server.torchless = torchless
+    _preload(torchless)
+    if not torchless:
+        from student_runtime import layers
+
+        layers.install()
     server.warm_up()
+    if os.path.isdir(TEMPLATE_FOLDER) and os.getcwd() == TEMPLATE_FOLDER:
+        os.chmod("/tmp", 0o1777)  # in the sandbox: /tmp is the student's to write, as in Jupyter
+    server.snapshot = integrity.Snapshot()  # the grader's helpers, before any student code
     # The libraries' objects are never freed: keeping them out of the collector
     # spares each student's copy-on-write memory, and a full collection during
     # a measured call then touches only the student's own objects.
@@ -393,13 +572,17 @@ def zygote(control_fd):
     def reply(message, fds=()):
         socket.send_fds(control, [json.dumps(message).encode() + b"\n"], list(fds))
 
-    audits = {}  # student pid -> read end of its audit pipe
+    audits = {}  # student pid -> its AuditLog
     reply({"ready": os.getpid()})
     buffer = b""
     while True:
-        ready, _, _ = select.select([control], [], [], 0.2)
+        watched = [log.fd for log in audits.values() if log.fd is not None]
+        ready, _, _ = select.select([control] + watched, [], [], 0.2)
         reap()
-        if not ready:
+        for log in audits.values():
+            if log.fd is not None and log.fd in ready:
+                log.read()
+        if control not in ready:
             continue
         data = control.recv(65536)
         if not data:
@@ -424,22 +607,25 @@ def zygote(control_fd):
                         control.close()
                         ours.close()
                         os.close(sightings)
-                        for fd in audits.values():
-                            os.close(fd)
+                        for log in audits.values():
+                            log.close()
                         _student_process(server, request, theirs, report)
                     finally:
                         os._exit(0)
                 os.close(report)
                 os.set_blocking(sightings, False)
-                audits[pid] = sightings
+                audits[pid] = AuditLog(sightings)
                 theirs.close()
                 reply({"pid": pid}, [ours.fileno()])
                 ours.close()
             elif request["op"] == "audit":
-                reply({"events": _sightings(audits.get(request["pid"]))})
+                log = audits.get(request["pid"])
+                events, seq = log.since(int(request.get("since", 0))) if log else ([], 0)
+                reply({"events": events, "seq": seq})
             elif request["op"] == "sweep":
-                with contextlib.suppress(OSError, TypeError):
-                    os.close(audits.pop(request["pid"], None))
+                log = audits.pop(request["pid"], None)
+                if log is not None:
+                    log.close()
                 _sweep(request)
                 reap()
                 reply({"swept": True})
@@ -456,7 +642,7 @@ def main():
     # A write past the file-size limit should fail with an error, not kill us.
     signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
     os.environ.setdefault("MPLBACKEND", "Agg")
-    zygote(int(sys.argv[1]))
+    zygote(int(sys.argv[1]), torchless=sys.argv[2:3] == ["torchless"])
 
 
 if __name__ == "__main__":

@@ -24,9 +24,15 @@ class WireError(Exception):
 
 # ------------------------------------------------------------------ values
 
-def _torch():
+def real_torch():
+    """PyTorch, if this process imported it (tensors cannot exist otherwise);
+    None where it is only a stand-in (student_runtime.torchless), which has no file."""
     import sys
-    return sys.modules.get("torch")  # only if already imported: tensors cannot exist otherwise
+    torch = sys.modules.get("torch")
+    return torch if getattr(torch, "__file__", None) else None
+
+
+_torch = real_torch
 
 
 def _npy_bytes(array):
