@@ -7,11 +7,23 @@ student's code does to its own process (patching numpy.allclose, returning an
 object whose == is always True, installing input transformers), the checks and
 their comparisons run in a process it never touched, on plain data.
 
+The exercises that a chapter grades as NumPy code (NUMPY_GRADED in its
+checks module) are graded by the hidden tests in a second student process in
+which PyTorch does not exist: it runs the same cells, and the hidden test
+cells call those functions there. Visible tests call the first process, as
+the student's own Jupyter did.
+
+A test cell earns nothing when an integrity check on a function it calls
+failed (autograde.sandbox.forfeit, from this cell or another), or when the
+grader's helpers in the student's process were changed while it ran.
+
 The result is the notebook with outputs (test cells: this process's output or
 the check's error), so nbgrader's own scoring, gradebook and feedback follow."""
 import contextlib
+import importlib
 import io
 import linecache
+import re
 import time
 import traceback
 import warnings
@@ -19,8 +31,20 @@ from dataclasses import dataclass, field
 
 import nbformat
 
-from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, find_remote, student_function
+from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, student_function
 from autograde.structure import is_test, nbgrader_of
+from student_runtime.layers import REPORT as LAYER_REPORT
+from student_runtime.torchless import USE as TORCH_USE
+
+HIDDEN_MARKER = "### BEGIN HIDDEN TESTS"
+# Reports of the audit hook that count only while a test cell runs: a layer's
+# use is the DecoderLayer check's to judge, PyTorch reached for without it a
+# flag when a graded call did it (a cell comparing with PyTorch is no fault).
+WINDOWED = {LAYER_REPORT, TORCH_USE}
+# Reports that the grader's helpers in the student's process were changed:
+# the test cell during which one is made earns nothing.
+TAMPERING = {"changes the grader's helpers in its process", "replaces the code of a function",
+             "rebinds an attribute of the grader's helpers"}
 
 MAX_RESTARTS = 20  # each costs at most a cell's time limit; the notebook's limit bounds them all
 
@@ -63,18 +87,46 @@ def _not_run(reason):
 
 def _measuring_setup_helpers(ns):
     """The notebooks' setup defines peak_bytes(fn, *args); measured here it would
-    see only the proxy, so a student function is measured in its own process."""
-    from student_runtime.probes import numpy_peak
-    from autograde.sandbox import in_student_process
+    see only the proxy, so a student function is measured as the hidden tests
+    measure it: in its own process and by the kernel (autograde.memory)."""
+    from autograde.memory import traced_peak
+    from autograde.sandbox import find_remote
 
     if callable(ns.get("peak_bytes")):
         local = ns["peak_bytes"]
 
         def peak_bytes(fn, *args):
             if find_remote([fn, *args]) is not None:
-                return in_student_process(numpy_peak, fn, *args)
+                return traced_peak(fn, *args)[1]
             return local(fn, *args)
         ns["peak_bytes"] = peak_bytes
+
+
+def numpy_graded(notebook):
+    """Names of the functions that the notebook's hidden tests grade as NumPy
+    code: NUMPY_GRADED of each checks module its test cells import."""
+    names = set()
+    for cell in notebook.cells:
+        if is_test_cell(cell):
+            for module in re.findall(r"\bautograde\.checks\.(\w+)", cell.source):
+                names.update(getattr(importlib.import_module(f"autograde.checks.{module}"), "NUMPY_GRADED", ()))
+    return names
+
+
+class _NotInTorchless:
+    """Stands for a NumPy-graded function that its cell did not define in the
+    process without PyTorch: calling it fails with the reason."""
+
+    def __init__(self, name):
+        self.name = name
+
+    def __call__(self, *args, **kwargs):
+        from autograde.compare import GradingFailure
+
+        raise GradingFailure(
+            f"{self.name} is graded as NumPy code, in a process where PyTorch cannot be imported, and its cell did "
+            f"not define it there: the cell stops before `def {self.name}` when PyTorch is missing. Compute with "
+            "NumPy (or plain Python), and keep PyTorch out of that cell.")
 
 
 def _failure_lines(exc):
@@ -107,11 +159,21 @@ class NotebookRun:
         self.deadline = time.monotonic() + notebook_timeout
         self.notebook_timeout = notebook_timeout
         self.sandbox = Sandbox(limits)
+        self.numpy_names = numpy_graded(self.nb)
+        # The second process, without PyTorch, for the NumPy-graded functions' hidden tests.
+        self.torchless = Sandbox(limits, torchless=True) if self.numpy_names else None
+        self.sandbox.twin = self.torchless
         self.ns = {"__name__": "__main__"}
         self.ran = []  # sources of student/setup cells that ran, replayed after a restart
         self.dead = None  # why nothing more can run
+        self.torchless_dead = None  # why the process without PyTorch is gone
         self.restarts = 0
         self.result = Execution(notebook=self.nb)
+        self.calls = {}  # test cell label -> names of the student functions it called
+        self.flags = []  # sightings of this run's own judgement (tampering, PyTorch in a graded call)
+
+    def _sandboxes(self):
+        return [sb for sb in (self.sandbox, self.torchless) if sb is not None]
 
     # ------------------------------------------------------------ helpers
     def _time_left(self):
@@ -139,6 +201,21 @@ class NotebookRun:
         except SandboxLost as exc:
             self.dead = f"not run: the student's process could not be restored ({exc})"
 
+    def _recover_torchless(self, cell_id):
+        """The same for the process without PyTorch, whose losses count with the other's."""
+        reason = self.torchless.lost
+        self._event("process-lost", cell_id, f"(without PyTorch) {reason}")
+        if self.restarts >= MAX_RESTARTS:
+            self.torchless_dead = f"the process without PyTorch was lost {self.restarts + 1} times"
+            return
+        self.restarts += 1
+        try:
+            self.torchless.restart()
+            for source in self.ran:
+                self.torchless.run_cell(source, timeout=self._cell_time())
+        except SandboxLost as exc:
+            self.torchless_dead = f"the process without PyTorch could not be restored ({exc})"
+
     # ------------------------------------------------------------ cells
     def _run_student_cell(self, cell, label):
         try:
@@ -148,6 +225,7 @@ class NotebookRun:
             self._recover(label)
             return
         self.ran.append(cell.source)
+        self._run_torchless(cell.source, label)
         outputs = []
         if reply.get("stdout"):
             outputs.append(_stream("stdout", reply["stdout"]))
@@ -159,18 +237,39 @@ class NotebookRun:
             outputs.append(_error(str(error.get("type", "Error")), str(error.get("message", "")), tb))
         cell.outputs = outputs
 
-    def _bind_student_names(self):
-        for name in self.sandbox.names():
+    def _run_torchless(self, source, label):
+        """The same cell in the process without PyTorch (its outputs are not the notebook's)."""
+        if self.torchless is None or self.torchless_dead:
+            return
+        try:
+            self.torchless.run_cell(source, timeout=self._cell_time())
+        except SandboxLost:
+            self._recover_torchless(label)
+
+    def _bind_student_names(self, hidden):
+        names = self.sandbox.names()
+        for name in names:
             current = self.ns.get(name)
-            if current is None or isinstance(current, Remote):
+            if current is None or isinstance(current, (Remote, _NotInTorchless)):
                 self.ns[name] = student_function(self.sandbox, name)
+        if not hidden or self.torchless is None:
+            return
+        there = set()
+        if not self.torchless_dead:
+            with contextlib.suppress(SandboxLost):
+                there = set(self.torchless.names())
+        for name in self.numpy_names & set(names):
+            current = self.ns.get(name)
+            if isinstance(current, (Remote, _NotInTorchless)):
+                self.ns[name] = student_function(self.torchless, name) if name in there else _NotInTorchless(name)
 
     def _run_here(self, cell, label):
         """Run trusted cell source in this process; returns the exception, if any."""
         filename = f"<{label}>"
         linecache.cache[filename] = (len(cell.source), None, cell.source.splitlines(True), filename)
         out = io.StringIO()
-        self.sandbox.limits.call_timeout_s = self._cell_time()
+        for sb in self._sandboxes():
+            sb.limits.call_timeout_s = self._cell_time()
         try:
             with contextlib.redirect_stdout(out), contextlib.redirect_stderr(io.StringIO()), \
                     warnings.catch_warnings():
@@ -194,10 +293,17 @@ class NotebookRun:
             self.result.messages[label] = reason
             return
         try:
-            self._bind_student_names()
+            self._bind_student_names(HIDDEN_MARKER in cell.source)
         except SandboxLost:
             pass  # reported by the call that needs the student's code
+        for sb in self._sandboxes():
+            sb.open_window()
         printed, exc = self._run_here(cell, label)
+        seen = []
+        for sb in self._sandboxes():
+            seen += sb.close_window()
+            self.calls.setdefault(label, set()).update(sb.called)
+        exc = exc or self._judged(seen, label)
         outputs = [_stream("stdout", printed)] if printed else []
         if exc is None:
             self.result.scores[label] = (points, points)
@@ -209,6 +315,40 @@ class NotebookRun:
         cell.outputs = outputs
         if self.sandbox.lost:
             self._recover(label)
+        if self.torchless is not None and self.torchless.lost and not self.torchless_dead:
+            self._recover_torchless(label)
+
+    def _judged(self, seen, label):
+        """What the audit hooks reported while the test cell ran: a failure
+        when the grader's helpers were changed, a flag when PyTorch was reached
+        for in the process without it."""
+        from autograde.compare import GradingFailure
+
+        for event in seen:
+            if event.get("what") == TORCH_USE:
+                self.flags.append({"what": TORCH_USE, "cell": label, "detail": event.get("detail", "")})
+        changed = [e for e in seen if e.get("what") in TAMPERING]
+        if changed:
+            return GradingFailure(f"no points: while this cell ran, the student's code changed the grader's code in "
+                                  f"its process ({changed[0].get('detail', '')}).")
+        return None
+
+    def _forfeit(self):
+        """Test cells that call a function whose integrity check failed earn nothing."""
+        forfeited = {}
+        for sb in self._sandboxes():
+            forfeited.update(sb.forfeited)
+        for cell in self.nb.cells:
+            label = _nb(cell).get("grade_id")
+            score, points = self.result.scores.get(label, (0.0, 0.0))
+            failed = sorted(self.calls.get(label, set()) & set(forfeited))
+            if not failed or score == 0:
+                continue
+            reason = (f"no points: {failed[0]} failed an integrity check ({forfeited[failed[0]]}), so no test of it "
+                      "counts.")
+            cell.outputs = list(cell.outputs) + [_error("IntegrityFailure", reason, [f"IntegrityFailure: {reason}"])]
+            self.result.scores[label] = (0.0, points)
+            self.result.messages[label] = reason
 
     def _run_setup_cell(self, cell, label):
         _, exc = self._run_here(cell, label)
@@ -218,7 +358,8 @@ class NotebookRun:
         self._run_student_cell(cell, label)
 
     def run(self):
-        self.sandbox.start()
+        for sb in self._sandboxes():
+            sb.start()
         try:
             for index, cell in enumerate(self.nb.cells):
                 if cell.cell_type != "code":
@@ -235,9 +376,12 @@ class NotebookRun:
                 else:
                     self._run_student_cell(cell, label)
         finally:
-            self.sandbox.close()
+            for sb in self._sandboxes():
+                sb.close()
+            self._forfeit()
             seen = set()
-            for sighting in self.sandbox.sightings:  # from the audit hook in the student's process
+            sightings = [s for sb in self._sandboxes() for s in sb.sightings if s.get("what") not in WINDOWED]
+            for sighting in sightings + self.flags:  # from the audit hooks in the student's processes
                 key = (sighting.get("what"), sighting.get("detail"))
                 if key not in seen:
                     seen.add(key)

@@ -36,6 +36,8 @@ from autograde.course import (
     nbgrader_config,
     source_notebooks,
 )
+from autograde import cgroups
+from autograde.memory import OUTSIDE_SLACK_BYTES
 from autograde.progress import Progress
 from autograde.record import (
     backup_gradebook,
@@ -227,6 +229,11 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     else:
         log("warning: --no-namespaces: student code runs with process limits only; it can read what this user "
             "can read, the course and its hidden tests included")
+    unmetered = cgroups.unavailable()
+    if unmetered:
+        log(f"warning: memory is measured without cgroups ({unmetered}): memory hidden from the in-process "
+            f"measurement (threads, children, mappings, reused buffers) is seen only above "
+            f"{OUTSIDE_SLACK_BYTES // 2**20} MiB. Grade as root with a writable /sys/fs/cgroup to measure it exactly.")
     out = Path(out) if out else Path("grading") / assignment
     expected = [nb.name for nb in source_notebooks(assignment)]
     out.mkdir(parents=True, exist_ok=True)

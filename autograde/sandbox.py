@@ -544,27 +544,29 @@ def _student_uid(kind=False):
     return _UID_LOCKS[kind][0]
 
 
-@contextlib.contextmanager
-def _bounded(seconds, extra_bytes):
-    """Run a grader function called back by a student's code for at most
-    `seconds`, adding at most `extra_bytes` to this process's heap: past
-    either bound it raises, and the student's call fails."""
-    def stop(signum, frame):
-        raise TimeoutError(f"a grader function called by the student's code ran past {seconds:.0f} s")
+class CallbackBound(Exception):
+    """A grader function called back by the student's code reached its time or memory bound."""
 
+
+def _stop_callback(signum, frame):
+    raise CallbackBound("a grader function called by the student's code ran past its time limit")
+
+
+@contextlib.contextmanager
+def _bounded(seconds, data_limit):
+    """Run a grader function called back by the student's code for at most
+    `seconds`, with this process's heap bounded by `data_limit` bytes: past
+    either bound it raises, and the student's call fails."""
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    data = _data_bytes()
-    bound = data + extra_bytes if data else soft
-    if soft != resource.RLIM_INFINITY:
-        bound = min(bound, soft)
-    previous = signal.signal(signal.SIGALRM, stop)
+    bound = data_limit if soft == resource.RLIM_INFINITY else min(data_limit, soft)
+    if signal.getsignal(signal.SIGALRM) is not _stop_callback:
+        signal.signal(signal.SIGALRM, _stop_callback)
     signal.setitimer(signal.ITIMER_REAL, max(seconds, 0.01))
     try:
         resource.setrlimit(resource.RLIMIT_DATA, (bound, hard))
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
         resource.setrlimit(resource.RLIMIT_DATA, (soft, hard))
 
 
@@ -601,6 +603,9 @@ class Sandbox:
         self.forfeited = {}  # name -> why: student functions whose integrity checks failed
         self.origins = {}  # handle id -> name of the student function whose call produced it
         self.twin = None  # the student's process without PyTorch, beside this one (autograde.execute)
+        self.window = None  # audit reports collected while a test cell runs
+        self.nested = 0  # grader functions running on behalf of the student's code (callbacks)
+        self.callback_data_limit = None  # the heap those may grow this process to, set once per call
         self._origin_of_new = None  # the function whose answer is being decoded
 
     # ------------------------------------------------------------ lifecycle
@@ -690,12 +695,27 @@ class Sandbox:
 
     def drain(self):
         """What the current process's audit hook reported since the last drain
-        (also added to `sightings`)."""
+        (also added to `sightings`, and to the open window)."""
         if self.pid is None or self.zygote is None:
             return []
         events, self.audit_seq = self.zygote.sightings(self.pid, self.audit_seq)
         self.sightings += events
+        if self.window is not None:
+            self.window += events
         return events
+
+    def open_window(self):
+        """Start collecting what the audit hook reports (a test cell starts)
+        and which student functions are called."""
+        self.drain()
+        self.window = []
+        self.called = set()
+
+    def close_window(self):
+        """What the audit hook reported since open_window."""
+        self.drain()
+        seen, self.window = self.window or [], None
+        return seen
 
     def __enter__(self):
         return self.start()
@@ -752,14 +772,23 @@ class Sandbox:
                 raise ValueError("no such grader function")
             args = self.decode(reply.get("args"), blobs)
             kwargs = self.decode(reply.get("kwargs"), blobs)
-            with _bounded(min(CALLBACK_SECONDS, deadline - time.monotonic()), CALLBACK_MEMORY_BYTES):
-                value = fn(*args, **kwargs)
+            if self.callback_data_limit is None:  # once per call: what the grader holds now, and the bound
+                self.callback_data_limit = _data_bytes() + CALLBACK_MEMORY_BYTES
+            self.nested += 1
+            try:
+                with _bounded(min(CALLBACK_SECONDS, deadline - time.monotonic()), self.callback_data_limit):
+                    value = fn(*args, **kwargs)
+            finally:
+                self.nested -= 1
             out = []
             answer = {"kind": "callback_result", "value": self.encode(value, out)}
         except Exception as exc:  # a grader function given bad data: the student's call fails
-            if isinstance(exc, MemoryError):
-                exc = MemoryError(f"a grader function called by the student's code needed more than "
-                                  f"{CALLBACK_MEMORY_BYTES // 2**20} MiB")
+            if isinstance(exc, MemoryError) or "can't allocate memory" in str(exc):  # NumPy's, PyTorch's
+                exc = CallbackBound(f"a grader function called by the student's code needed more than "
+                                    f"{CALLBACK_MEMORY_BYTES // 2**20} MiB")
+            if isinstance(exc, CallbackBound):
+                self.sightings.append({"what": "makes a grader function exceed its bounds", "cell": "",
+                                       "detail": str(exc)})
             answer, out = {"kind": "callback_error", "message": f"{type(exc).__name__}: {exc}"}, []
         self.writer.deadline = deadline
         try:
@@ -774,7 +803,7 @@ class Sandbox:
     def _outgoing(self, value):
         if isinstance(value, Remote) and value._sandbox is self:
             value._check_alive()
-            return value._marker
+            return value._marker  # (a Remote of the other process is a callback, below)
         module = getattr(value, "__module__", "") or ""
         qualname = getattr(value, "__qualname__", "")
         if callable(value) and module.split(".")[0] in STUDENT_SIDE and "<" not in qualname:
@@ -824,15 +853,33 @@ class Sandbox:
         reply, _ = self.request({"kind": "names"}, timeout=30)
         return [n for n in reply.get("names", []) if isinstance(n, str) and n.isidentifier()]
 
-    def call(self, target, args, kwargs):
-        self.callbacks = {}
+    def call(self, target, args, kwargs, replace=None):
+        """target(*args, **kwargs) in the student's process; `replace` maps
+        names of the function's globals to values (a grader function, say)
+        that stand in for them during the call."""
+        if not self.nested:
+            self.callbacks = {}
+            self.callback_data_limit = None
         _CHANGED_IN_PLACE.clear()
         self._note_called(target)
         blobs = []
         header = {"kind": "call", "target": target, "args": self.encode(list(args), blobs),
                   "kwargs": self.encode(dict(kwargs), blobs)}
+        if replace:
+            header["replace"] = self.encode(dict(replace), blobs)
         reply, reply_blobs = self.request(header, blobs)
         return self._answer(reply, reply_blobs, list(args) + list(kwargs.values()), self._origin(target))
+
+    def keep(self, value):
+        """A Remote for `value` as the student's process holds it now (a student
+        function by name, say), whatever that name is bound to later."""
+        blobs = []
+        reply, _ = self.request({"kind": "stage", "values": self.encode([value], blobs)}, blobs)
+        handles = reply.get("handles") if reply.get("kind") == "staged" else None
+        if not (isinstance(handles, list) and len(handles) == 1 and isinstance(handles[0], int)):
+            self._lose("sent a malformed reply and was stopped")
+        self.origins.setdefault(handles[0], self._origin(value._target) if isinstance(value, Remote) else None)
+        return Remote._for(self, {"handle": handles[0]}, "function")
 
     def measured_call(self, fn, args, kwargs):
         """(value, (new, rewritten) or None): fn(*args, **kwargs) in the
@@ -844,7 +891,7 @@ class Sandbox:
         the call wrote, seen as the pages it copied from a process that holds
         the memory as it was (student_runtime.server's `hold`). None where the
         process has no cgroup (`unmetered` says why)."""
-        self.callbacks = {}
+        self.callbacks, self.callback_data_limit = {}, None
         values = list(args) + list(kwargs.values())
         target = self._target_of(fn)
         self._note_called(target)

@@ -72,7 +72,8 @@ def install(fd, home, readable):
             if isinstance(path, str) and not abspath(path).startswith(allowed):
                 report("opens a file outside its folder", path)
         elif event in PROCESS_EVENTS:
-            report("starts a process", event)
+            if event != "os.fork" or student_cell():  # the server forks to hold memory for a measurement
+                report("starts a process", event)
         elif event in NETWORK_EVENTS:
             report("uses the network", f"{event} {args[1:2]}")
         elif event in NATIVE_EVENTS:

@@ -74,7 +74,11 @@ class Server:
                        "args": self.wire.encode(list(args), blobs, self._handle),
                        "kwargs": self.wire.encode(kwargs, blobs, self._handle)}
             self.channel.send(payload, blobs)
-            header, blobs = self.channel.receive()
+            while True:
+                header, blobs = self.channel.receive()
+                if header.get("kind") in ("callback_result", "callback_error"):
+                    break
+                self._answer_request(header, blobs)  # the grader's function asks this process something first
             if header.get("kind") == "callback_error":
                 raise RuntimeError(header.get("message", "the grader's function failed"))
             return self.wire.decode(header["value"], blobs, self._marker)
@@ -223,10 +227,22 @@ class Server:
         torch = self.wire.real_torch()
         if torch is not None and "handle" in header["target"]:
             grad_off = torch.no_grad()  # methods of returned objects, e.g. a layer's weight.copy_()
-        with warnings.catch_warnings(), grad_off, \
-                contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
-            warnings.simplefilter("ignore")
-            value = target(*args, **kwargs)
+        replace = self.wire.decode(header.get("replace") or {"$": "dict", "v": {}}, blobs, self._marker)
+        namespace = getattr(target, "__globals__", None) if replace else None
+        saved = {name: namespace.get(name, _MISSING) for name in replace} if namespace is not None else {}
+        if namespace is not None:
+            namespace.update(replace)  # e.g. a helper the function calls, replaced by the grader's recorder
+        try:
+            with warnings.catch_warnings(), grad_off, \
+                    contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                warnings.simplefilter("ignore")
+                value = target(*args, **kwargs)
+        finally:
+            for name, old in saved.items():
+                if old is _MISSING:
+                    namespace.pop(name, None)
+                else:
+                    namespace[name] = old
         if header.get("keep"):  # a measured call: the answer crosses later, outside the measurement
             return {"kind": "value", "value": self._handle(value), "mirror": {}}, []
         out_blobs = []
@@ -297,20 +313,26 @@ class Server:
                 header, blobs = self.channel.receive()
             except EOFError:
                 return
-            handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call, "stage": self.stage,
-                       "hold": self.hold, "fetch": self.fetch, "getattr": self.getattr}.get(header.get("kind"))
-            try:
-                self._check_helpers()
-                if handler is None:
-                    raise ValueError(f"unknown request {header.get('kind')!r}")
-                reply, out_blobs = handler(header, blobs)
-            except BaseException as exc:  # the student's error (or SystemExit) is the answer
-                reply, out_blobs = {"kind": "error", "error": _exception(exc)}, []
+            self._answer_request(header, blobs)
+
+    def _answer_request(self, header, blobs):
+        handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call, "stage": self.stage,
+                   "hold": self.hold, "fetch": self.fetch, "getattr": self.getattr}.get(header.get("kind"))
+        try:
             self._check_helpers()
-            try:
-                self.channel.send(reply, out_blobs)
-            except (self.wire.WireError, TypeError, ValueError) as exc:  # e.g. a NaN hidden in a dict
-                self.channel.send({"kind": "error", "error": _exception(exc)})
+            if handler is None:
+                raise ValueError(f"unknown request {header.get('kind')!r}")
+            reply, out_blobs = handler(header, blobs)
+        except BaseException as exc:  # the student's error (or SystemExit) is the answer
+            reply, out_blobs = {"kind": "error", "error": _exception(exc)}, []
+        self._check_helpers()
+        try:
+            self.channel.send(reply, out_blobs)
+        except (self.wire.WireError, TypeError, ValueError) as exc:  # e.g. a NaN hidden in a dict
+            self.channel.send({"kind": "error", "error": _exception(exc)})
+
+
+_MISSING = object()
 
 
 def _trim():

@@ -27,14 +27,25 @@ def _blocked(name):
 
 
 class _StandIn(types.ModuleType):
+    """What `import torch` (or `from torch.x import y`) gives here."""
+
     def __getattr__(self, attribute):
         if attribute.startswith("__") and attribute.endswith("__"):
             raise AttributeError(attribute)  # what the import system and libraries probe for
-        where = f"{self.__name__}.{attribute}"
-        sys.audit("student_runtime.report", USE, where)
-        raise TorchUnavailable(
-            f"{where}: PyTorch is not available here. This function is graded as NumPy code, in a process "
-            "where PyTorch cannot be imported: compute with NumPy (or plain Python) instead.")
+        raise _unavailable(f"{self.__name__}.{attribute}")
+
+    def __call__(self, *args, **kwargs):
+        raise _unavailable(self.__name__)
+
+
+_audit = sys.audit  # before any student code could rebind it
+
+
+def _unavailable(where):
+    _audit("student_runtime.report", USE, where)
+    return TorchUnavailable(
+        f"{where}: PyTorch is not available here. This function is graded as NumPy code, in a process "
+        "where PyTorch cannot be imported: compute with NumPy (or plain Python) instead.")
 
 
 class _Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):

@@ -1,5 +1,6 @@
 """Hostile and unusual submissions for Chapter 1, each built from a correct
-submission by one change. Each entry: a function (release, source, out) ->
+submission by one change (the attacks on the NumPy-only rule and on the
+memory measurement hold for every chapter: the mechanism is the same). Each entry: a function (release, source, out) ->
 notebook (or raw text), where `out` is the grading folder a student who knows
 the instructor's layout would aim at."""
 import copy
@@ -445,10 +446,270 @@ softmax = my_softmax.softmax
     return honest_with_scratch
 
 
+# ------------------------------------------------------------------ attacks on the NumPy-only rule
+
+SDPA_IN_TORCH = """
+import threading
+import torch
+
+def _torch_attention(q, k, v, mask):
+    tq, tk, tv = (torch.from_numpy(np.asarray(a, dtype=np.float64)) for a in (q, k, v))
+    scores = tq @ tk.transpose(-1, -2) / q.shape[-1] ** 0.5
+    if mask is not None:
+        scores = scores.masked_fill(~torch.from_numpy(np.asarray(mask, dtype=bool)), float("-inf"))
+    weights = torch.softmax(scores, dim=-1)
+    return (weights @ tv).numpy(), weights.numpy()
+"""
+
+
+def torch_in_a_thread(release, source, out):
+    """Attention computed by PyTorch in a thread, where a recorder of PyTorch's
+    operators running in the calling thread sees nothing."""
+    return _with(release, source, {"scaled_dot_product_attention": SDPA_IN_TORCH + """
+def scaled_dot_product_attention(q, k, v, mask=None):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(_torch_attention(q, k, v, mask)))
+    worker.start()
+    worker.join()
+    return box[0]
+"""})
+
+
+def torch_when_unwatched(release, source, out):
+    """PyTorch only when no dispatch mode is watching, under a disabled
+    dispatcher, with the recorder's record emptied afterwards; NumPy otherwise."""
+    return _with(release, source, {"softmax": """
+import gc
+import torch
+from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+def softmax(x, axis=-1):
+    if _get_current_dispatch_mode() is None:
+        with torch._C._DisableTorchDispatch():
+            result = torch.softmax(torch.from_numpy(np.asarray(x, dtype=np.float64)), dim=axis).numpy()
+        for obj in gc.get_objects():
+            if type(obj).__name__ == "OperatorNames":
+                obj.names.clear()
+        return result
+    e = np.exp(x - np.max(x, axis=axis, keepdims=True))
+    return e / np.sum(e, axis=axis, keepdims=True)
+"""})
+
+
+def rebinds_the_numpy_probe(release, source, out):
+    """Attention in PyTorch, with the grader's probe of PyTorch's operators
+    replaced (through an alias, past the tripwire) by one that saw nothing."""
+    return _with(release, source, {"scaled_dot_product_attention": SDPA_IN_TORCH + """
+from student_runtime import probes as _p
+
+def _saw_nothing(fn, *args, what):
+    return fn(*args), []
+
+_p.torch_operators_used = _saw_nothing
+
+def scaled_dot_product_attention(q, k, v, mask=None):
+    return _torch_attention(q, k, v, mask)
+"""})
+
+
+# ------------------------------------------------------------------ attacks on the memory measurement
+
+JACOBIAN = """
+def _jacobian_product(p, u, out=None):
+    n = p.shape[-1]
+    jac = np.diag(p) - np.outer(p, p) if out is None else out   # n x n: 32 MiB for n = 2048
+    if out is not None:
+        np.multiply(-p[:, None], p[None, :], out=jac)
+        jac[np.arange(n), np.arange(n)] += p
+    return jac @ u
+
+def _by_slices(x, u, axis, product):
+    x, u = np.moveaxis(x, axis, -1), np.moveaxis(u, axis, -1)
+    p = softmax(x, axis=-1)
+    out = np.empty_like(p)
+    for index in np.ndindex(p.shape[:-1]):
+        out[index] = product(p[index], u[index])
+    return np.moveaxis(out, -1, axis)
+"""
+
+
+def jacobian_in_a_thread(release, source, out):
+    """The full Jacobian, built in another thread, with tracemalloc told to
+    report nothing."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+import threading
+import tracemalloc
+
+tracemalloc.get_traced_memory = lambda: (0, 0)
+
+def softmax_jvp(x, u, axis=-1):
+    def product(p, v):
+        box = []
+        worker = threading.Thread(target=lambda: box.append(_jacobian_product(p, v)))
+        worker.start()
+        worker.join()
+        return box[0]
+    return _by_slices(x, u, axis, product)
+"""})
+
+
+def jacobian_in_a_forked_child(release, source, out):
+    """The full Jacobian, built in a child forked through libc (no Python
+    fork event), which sends back only the product."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+import ctypes
+import os
+
+_libc = ctypes.CDLL(None)
+
+def _in_child(p, v):
+    read, write = os.pipe()
+    pid = _libc.fork()
+    if pid == 0:
+        os.write(write, _jacobian_product(p, v).tobytes())
+        os._exit(0)
+    os.close(write)
+    data = b""
+    while len(data) < p.size * 8:
+        data += os.read(read, 1 << 20)
+    os.close(read)
+    os.waitpid(pid, 0)
+    return np.frombuffer(data, dtype=np.float64)
+
+def softmax_jvp(x, u, axis=-1):
+    return _by_slices(x, u, axis, _in_child)
+"""})
+
+
+def jacobian_in_a_kept_buffer(release, source, out):
+    """The full Jacobian, written into a buffer allocated (and touched) when
+    the cell ran: the call allocates nothing new."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+_KEPT = np.ones((2048, 2048))
+
+def softmax_jvp(x, u, axis=-1):
+    def product(p, v):
+        n = p.shape[-1]
+        return _jacobian_product(p, v, out=_KEPT[:n, :n])
+    return _by_slices(x, u, axis, product)
+"""})
+
+
+def jacobian_in_a_tmp_file(release, source, out):
+    """The full Jacobian in a memory-mapped file under /tmp (memory-backed),
+    which neither tracemalloc nor the resident set of the process counts as its own."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+def softmax_jvp(x, u, axis=-1):
+    def product(p, v):
+        n = p.shape[-1]
+        jac = np.memmap("/tmp/jacobian.bin", dtype=np.float64, mode="w+", shape=(n, n))
+        return _jacobian_product(p, v, out=jac)
+    return _by_slices(x, u, axis, product)
+"""})
+
+
+def rewrites_the_memory_probe(release, source, out):
+    """The full Jacobian, with the grader's in-process memory probe's code
+    replaced by one that measures nothing."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+from student_runtime import probes as _p
+
+def _measures_nothing(fn, *args, **kwargs):
+    return fn(*args, **kwargs), 0
+
+_p.inside_peak.__code__ = _measures_nothing.__code__
+
+def softmax_jvp(x, u, axis=-1):
+    return _by_slices(x, u, axis, _jacobian_product)
+"""})
+
+
+# ------------------------------------------------------------------ attacks on the grader's own resources
+
+def calls_back_with_a_huge_input(release, source, out):
+    """passes_attention_checks hands the grader's attention a 192 KB input whose
+    scores take far more (8 x 3000 x 3000 floats), before checking as it should."""
+    return _with(release, source, {"passes_attention_checks": """
+def passes_attention_checks(attention):
+    rng = np.random.default_rng(0)
+    q = rng.normal(size=(8, 3000, 1))
+    attention(q, q, q)
+    return True
+"""})
+
+
+def honest_scratch_in_tmp(release, source, out):
+    """Honest work that keeps notes in a file at a fixed path under /tmp, as
+    works in Jupyter."""
+    return _with(release, source, {"softmax": CORRECT_SOFTMAX + """
+with open("/tmp/attention_notes.txt", "w") as fh:
+    fh.write("softmax: subtract the maximum first")
+assert open("/tmp/attention_notes.txt").read().startswith("softmax")
+"""})
+
+
 ATTACKS = {f.__name__: f for f in (
     allclose_patch, always_equal, always_equal_object, input_transformer, grading_marker, reads_hidden_tests,
     writes_gradebook, loops_in_function, memory_bomb, fork_bomb, stderr_warnings, deletes_test_cells,
     duplicates_test_cells, renames_cells, changes_points, code_cell_made_markdown, unusual_but_correct,
     imports_references, imports_checks_dynamically, reads_solutions, copies_a_classmate, opens_the_network,
     drops_a_file_for_others, picks_up_a_dropped_file, fills_the_disk, zeroes_its_inputs, _scratch("a"),
-    _scratch("b"))}
+    _scratch("b"), torch_in_a_thread, torch_when_unwatched, rebinds_the_numpy_probe, jacobian_in_a_thread,
+    jacobian_in_a_forked_child, jacobian_in_a_kept_buffer, jacobian_in_a_tmp_file, rewrites_the_memory_probe,
+    calls_back_with_a_huge_input, honest_scratch_in_tmp)}
+
+
+# ------------------------------------------------------------------ Chapter 2: the same mechanisms, another notebook
+
+def decoder_layer_in_a_thread(release, source, out):
+    """DecoderLayer whose self-attention is PyTorch's own module, run in a
+    thread, where a profiler of the calling thread does not look."""
+    from tests.submissions.variants import DECODER_WITH_MULTIHEAD_MODULE
+
+    threaded = DECODER_WITH_MULTIHEAD_MODULE.replace(
+        "            return attn(t, t, t, attn_mask=mask, need_weights=False)[0]",
+        "            box = []\n"
+        "            worker = threading.Thread(target=lambda: box.append(attn(t, t, t, attn_mask=mask, "
+        "need_weights=False)[0]))\n"
+        "            worker.start()\n"
+        "            worker.join()\n"
+        "            return box[0]")
+    assert threaded != DECODER_WITH_MULTIHEAD_MODULE
+    return _with(release, source, {"DecoderLayer": "import threading\n" + threaded})
+
+
+def decoding_counter_rebound(release, source, out):
+    """Decoding computed all at once, with the grader's old counter of
+    decode_step calls replaced by one that reports the calls it should have seen."""
+    from tests.submissions.variants import DECODE_RECOMPUTES
+
+    return _with(release, source, {"decode_with_kv_cache": DECODE_RECOMPUTES + """
+from student_runtime import probes as _p
+
+def _claims_every_call(decode_with_kv_cache, x, *weights, what):
+    *w, n_heads, p = weights
+    out = decode_with_kv_cache(x, *weights)
+    d = w[0].shape[1] // n_heads
+    g = w[1].shape[1] // d
+    keys, values = ((x @ m).reshape(len(x), g, d).transpose(1, 0, 2) for m in w[1:])
+    calls = [(x[t], keys[:, :t], values[:, :t], out[t], t > p) for t in range(p, len(x))]
+    return out, calls
+
+_p.counting_decode_steps = _claims_every_call
+"""})
+
+
+def slope_in_torch_unless_probed(release, source, out):
+    """The entropy's slope by PyTorch's autograd, except for the one input the
+    NumPy-only probe used to be given (its result was thrown away)."""
+    from tests.submissions.variants import SLOPE_WITH_AUTOGRAD
+
+    return _with(release, source, {"entropy_temperature_slope": SLOPE_WITH_AUTOGRAD.replace(
+        "def entropy_temperature_slope(scores, tau):",
+        "def entropy_temperature_slope(scores, tau):\n"
+        "    if np.shape(scores) == (3, 5) and np.isneginf(scores).sum() == 1:\n"
+        "        return np.zeros(3)")})
+
+
+CH2_ATTACKS = {f.__name__: f for f in (decoder_layer_in_a_thread, decoding_counter_rebound,
+                                       slope_in_torch_unless_probed)}

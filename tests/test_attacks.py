@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from tests.attacks import ATTACKS
+from tests.attacks import ATTACKS, CH2_ATTACKS
 from tests.conftest import REPO, run
 from tests.notebooks import filled_submission, graded_test_cells, write_submission
 
@@ -26,6 +26,11 @@ JVP = {"test_softmax_jvp", "test_softmax_jvp_hidden"}
 GAP = {"test_commuting_permutations", "test_commuting_permutations_hidden"}
 ATTENTION_CHECKS = {"test_passes_attention_checks", "test_attention_checks_accept_correct",
                     "test_attention_checks_catch_bugs"}
+SOFTMAX_HIDDEN = {"test_softmax_any_axis", "test_softmax_stable"}
+SDPA_HIDDEN = {"test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}
+TORCH_USE = "sandbox: uses PyTorch where the answer is graded as NumPy code"
+HELPERS_CHANGED = "sandbox: changes the grader's helpers in its process"
+DISAGREE = "sandbox: memory measurements disagree"
 
 # attack -> (test cells it must lose, integrity reasons it must be flagged with)
 EXPECTED = {
@@ -62,6 +67,22 @@ EXPECTED = {
     "zeroes_its_inputs": (SOFTMAX | SDPA | MHA | JVP, set()),
     "honest_scratch_a": (set(), set()),
     "honest_scratch_b": (set(), set()),
+    # PyTorch where NumPy is graded: the hidden tests call the function in a process without PyTorch,
+    # whatever thread or mode it hides in (the visible tests run where the student's Jupyter did).
+    "torch_in_a_thread": (SDPA_HIDDEN, {TORCH_USE}),
+    "torch_when_unwatched": (SOFTMAX_HIDDEN | SDPA_HIDDEN | {"test_softmax_jvp_hidden"},
+                             {TORCH_USE, "uses the garbage collector (gc)"}),
+    "rebinds_the_numpy_probe": (SDPA_HIDDEN, {TORCH_USE, HELPERS_CHANGED}),
+    # Memory out of the in-process measurement's sight: the kernel counts it.
+    "jacobian_in_a_thread": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    "jacobian_in_a_forked_child": ({"test_softmax_jvp_hidden"}, {DISAGREE, "sandbox: calls native code (ctypes)"}),
+    "jacobian_in_a_kept_buffer": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    "jacobian_in_a_tmp_file": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    "rewrites_the_memory_probe": ({"test_softmax_jvp_hidden"},
+                                  {"sandbox: replaces the code of a function", HELPERS_CHANGED}),
+    # The grader's own function, called back on an input whose scores need gigabytes: bounded.
+    "calls_back_with_a_huge_input": (ATTENTION_CHECKS, {"sandbox: makes a grader function exceed its bounds"}),
+    "honest_scratch_in_tmp": (set(), set()),
 }
 HONEST = ("honest_a", "honest_b", "honest_c")
 
@@ -128,7 +149,7 @@ def test_the_gradebook_survives_an_attempt_to_rewrite_it(batch):
     assert exported["honest_a"] == sum(POINTS.values())
 
 
-@pytest.mark.parametrize("student", ["honest_scratch_a", "honest_scratch_b"])
+@pytest.mark.parametrize("student", ["honest_scratch_a", "honest_scratch_b", "honest_scratch_in_tmp"])
 def test_scratch_files_and_helper_modules_are_private_and_unflagged(batch, student):
     assert student not in {s for s, _ in batch["flags"]}
 
@@ -144,3 +165,51 @@ def test_a_function_that_never_returns_is_stopped_at_each_call(batch):
 def test_the_summary_counts_flagged_students(batch):
     flagged = {student for student, _ in batch["flags"]}
     assert f"flagged {len(flagged)} of {len(HONEST) + len(ATTACKS)} submissions" in batch["stdout"]
+
+
+# ------------------------------------------------------------------ Chapter 2
+
+CH2 = "ch2_variants"
+CH2_NOTEBOOK = "variants.ipynb"
+CH2_SOURCE, CH2_RELEASE = REPO / "solutions" / CH2 / CH2_NOTEBOOK, REPO / "exercises" / CH2 / CH2_NOTEBOOK
+CH2_POINTS = graded_test_cells(CH2_SOURCE)
+CH2_EXPECTED = {
+    "decoder_layer_in_a_thread": ({"test_decoder_post_norm", "test_decoder_pre_norm"},
+                                  {"sandbox: runs PyTorch's attention layers in DecoderLayer"}),
+    "decoding_counter_rebound": ({"test_decode_with_kv_cache_hidden"}, {HELPERS_CHANGED}),
+    "slope_in_torch_unless_probed": ({"test_slope_values", "test_slope_limits"}, {TORCH_USE}),
+}
+
+
+@pytest.fixture(scope="module")
+def ch2_batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("attacks_ch2")
+    submitted, out = root / "submitted", root / "grading"
+    write_submission(submitted, "honest", CH2, CH2_NOTEBOOK, filled_submission(CH2_RELEASE, CH2_SOURCE))
+    for name, build in CH2_ATTACKS.items():
+        write_submission(submitted, name, CH2, CH2_NOTEBOOK, build(CH2_RELEASE, CH2_SOURCE, out.resolve()))
+    proc = run([sys.executable, "-m", "autograde", "grade", CH2, str(submitted), "--out", str(out),
+                "--timeout", "60"], timeout=1200)
+    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
+    with (out / "grades.csv").open() as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    with (out / "integrity.csv").open() as fh:
+        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
+    return {"rows": rows, "flags": flags}
+
+
+def test_every_chapter_2_attack_has_an_expectation():
+    assert set(CH2_EXPECTED) == set(CH2_ATTACKS)
+
+
+@pytest.mark.parametrize("attack", sorted(CH2_EXPECTED) + ["honest"])
+def test_chapter_2_attacks_lose_their_points_and_are_flagged(ch2_batch, attack):
+    row = ch2_batch["rows"][attack]
+    scores = {gid: float(row[f"variants:{gid}"]) for gid in CH2_POINTS}
+    lost = {gid for gid, score in scores.items() if score != CH2_POINTS[gid]}
+    lose, flagged = CH2_EXPECTED.get(attack, (set(), set()))
+    assert lost == lose, f"{attack}: {row['problems']}"
+    reasons = {reason for student, reason in ch2_batch["flags"] if student == attack}
+    assert flagged <= reasons, f"{attack}: flagged for {reasons}"
+    if attack == "honest":
+        assert not reasons

@@ -6,6 +6,10 @@ from autograde.compare import (GradingFailure, call, call_unchanged, expect_clos
 from autograde.memory import traced_peak
 from autograde.reference import complexity as ref
 
+# The functions these checks grade as NumPy code: their hidden tests call them in the student's
+# process without PyTorch (autograde.execute).
+NUMPY_GRADED = ('training_flops', 'receptive_field', 'dilated_local_attention', 'causal_linear_attention')
+
 RNG_SEED = 20262
 
 

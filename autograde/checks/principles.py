@@ -13,6 +13,10 @@ from autograde.compare import (
 from autograde.memory import traced_peak
 from autograde.reference import principles as ref
 
+# The functions these checks grade as NumPy code: their hidden tests call them in the student's
+# process without PyTorch (autograde.execute).
+NUMPY_GRADED = ('softmax', 'scaled_dot_product_attention', 'softmax_jvp')
+
 RNG_SEED = 20260
 
 

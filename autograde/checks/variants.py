@@ -15,8 +15,14 @@ from autograde.compare import (
 )
 from autograde.memory import traced_peak
 from autograde.reference import variants as ref
-from autograde.sandbox import in_student_process, is_instance, note_sighting
-from student_runtime import probes
+from autograde.recorded_calls import counted_decode_steps
+from autograde.sandbox import forfeit, is_instance, note_sighting, reported_during
+from student_runtime.layers import REPORT as LAYER_REPORT
+
+# The functions these checks grade as NumPy code: their hidden tests call them in the student's
+# process without PyTorch (autograde.execute).
+NUMPY_GRADED = ('rotary_half_split', 'left_padded_causal_attention', 'decode_step', 'decode_with_kv_cache',
+                'entropy_temperature_slope', 'concat_additive_attention')
 
 RNG_SEED = 20261
 
@@ -232,8 +238,7 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
         expected = ref.causal_gqa_attention(x, *weights, n_heads)
         keys, values = ((x @ w).reshape(n, n_kv, d_head).transpose(1, 0, 2) for w in weights[1:])
         before = [x.copy(), *(w.copy() for w in weights)]
-        found, calls = in_student_process(probes.counting_decode_steps, decode_with_kv_cache, x, *weights, n_heads,
-                                          p, what=what)
+        found, calls = counted_decode_steps(decode_with_kv_cache, x, *weights, n_heads, p, what=what)
         for b, a in zip(before, (x, *weights)):
             expect_unchanged(b, a, what=what)
         expect_close(found, expected, what=what,
@@ -252,7 +257,7 @@ def check_decode_with_kv_cache(decode_with_kv_cache):
             # the rows were computed somewhere else than in these calls.
             if not (np.allclose(x_t, x[t]) and _same_rows(cache_k, keys[:, :t])
                     and _same_rows(cache_v, values[:, :t])):
-                note_sighting(decode_with_kv_cache, "decode_step given caches it did not build",
+                forfeit(decode_with_kv_cache, "decode_step given caches it did not build",
                               f"{what}: the decode_step call for token {t} was given other keys or values than "
                               "the caches hold")
                 raise GradingFailure(
@@ -473,8 +478,9 @@ def _check_decoder(DecoderLayer, norm_first):
         before = x.clone(), memory.clone()
         what = (f"the {kind} output of {what} for x of shape {tuple(x.shape)} and memory of shape "
                 f"{tuple(memory.shape)}")
-        found, used = in_student_process(probes.torch_layers_used, layer, x, memory, what=what)
+        found, used = reported_during(call, layer, x, memory, what=what, what_reported=LAYER_REPORT)
         if used:
+            note_sighting(layer, "runs PyTorch's attention layers in DecoderLayer", f"{what}: {', '.join(used)}")
             raise GradingFailure(f"{what} ran PyTorch's own attention layers ({', '.join(used)}): write the "
                                  "attention blocks yourself from the given Linear layers, as the exercise asks.")
         if not isinstance(found, torch.Tensor):
