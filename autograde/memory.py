@@ -17,6 +17,7 @@ the growth of the process's resident set and the pages it touched (/proc),
 which see threads, children and reused memory only above OUTSIDE_SLACK_BYTES:
 grading says so, and the instructors' guide says what that leaves unseen."""
 from coursekit.memory import traced_peak as _traced_peak_here
+from student_runtime.audit import WRITES_FILE
 
 # What the kernel may count beyond what a call allocates without a hidden
 # allocation: charges come in batches of pages per CPU, and the allocator
@@ -90,7 +91,7 @@ def traced_peak(fn, *args, **kwargs):
     """(result, peak bytes allocated during fn(*args, **kwargs)), measured as
     described above when a student object is among the arguments (here, with
     coursekit.memory.traced_peak, otherwise)."""
-    from autograde.sandbox import find_remote, in_student_process
+    from autograde.sandbox import find_remote, forfeit, in_student_process
 
     remote = find_remote([fn, *args, *kwargs.values()])
     if remote is None:
@@ -102,7 +103,12 @@ def traced_peak(fn, *args, **kwargs):
 
     _, inside = in_student_process(inside_peak, fn, *args, **kwargs)
     inside = _number(inside)
+    sandbox.drain()
     result, measured = sandbox.measured_call(fn, args, kwargs)
+    files = [e.get("detail", "") for e in sandbox.drain() if e.get("what") == WRITES_FILE]
+    if files:
+        forfeit(remote, "writes or maps a file during a measured call",
+                f"{files[0]}: memory held in files (/tmp is memory) can be used again unseen by the measurement")
     if measured is None:  # the cgroup went away with a restarted process
         return result, inside
     new, rewritten = measured

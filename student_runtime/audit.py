@@ -23,6 +23,10 @@ NATIVE_EVENTS = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.cd
 # Raised with sys.audit(REPORTED, what, detail) by the grader's code in this
 # process (student_runtime.server, .torchless, .layers); never limited in number.
 REPORTED = "student_runtime.report"
+# A file written or mapped: memory (in /tmp, which is memory) that the kernel
+# charged before a measured call may be written again during it unseen, so a
+# measured call that does this is not trusted (autograde.memory).
+WRITES_FILE = "writes or maps a file"
 LIMIT = 200  # sightings of each other kind written per process; past that the report is long enough
 
 
@@ -71,6 +75,11 @@ def install(fd, home, readable):
                 path = fsdecode(path)
             if isinstance(path, str) and not abspath(path).startswith(allowed):
                 report("opens a file outside its folder", path)
+            elif isinstance(path, str) and _writes(args):
+                report(WRITES_FILE, path, limited=False)  # the grader reads it around measured calls only
+        elif event == "mmap.__new__":
+            if args and isinstance(args[0], int) and args[0] >= 0:
+                report(WRITES_FILE, f"a mapping of file descriptor {args[0]}", limited=False)
         elif event in PROCESS_EVENTS:
             if event != "os.fork" or student_cell():  # the server forks to hold memory for a measurement
                 report("starts a process", event)
@@ -98,6 +107,14 @@ def _changes_code(report, student_cell, args):
     elif isinstance(obj, type) and str(getattr(obj, "__module__", "")).split(".")[0] in GRADER_SIDE \
             and student_cell():
         report("rebinds an attribute of the grader's helpers", f"{obj.__module__}.{obj.__qualname__}.{name}")
+
+
+def _writes(args):
+    """Whether an open() audit event's mode or flags ask to write."""
+    mode, flags = (args[1] if len(args) > 1 else None), (args[2] if len(args) > 2 else 0)
+    if isinstance(mode, str):
+        return any(c in mode for c in "wax+")
+    return isinstance(flags, int) and bool(flags & (os.O_WRONLY | os.O_RDWR | os.O_CREAT | os.O_TRUNC))
 
 
 class _ImportWatcher:

@@ -707,7 +707,7 @@ def slope_in_torch_unless_probed(release, source, out):
     return _with(release, source, {"entropy_temperature_slope": SLOPE_WITH_AUTOGRAD.replace(
         "def entropy_temperature_slope(scores, tau):",
         "def entropy_temperature_slope(scores, tau):\n"
-        "    if np.shape(scores) == (3, 5) and np.isneginf(scores).sum() == 1:\n"
+        "    if np.shape(scores) == (3, 5) and np.isneginf(scores[1, 2]) and tau == 0.8:\n"
         "        return np.zeros(3)")})
 
 

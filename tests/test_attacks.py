@@ -77,7 +77,9 @@ EXPECTED = {
     "jacobian_in_a_thread": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
     "jacobian_in_a_forked_child": ({"test_softmax_jvp_hidden"}, {DISAGREE, "sandbox: calls native code (ctypes)"}),
     "jacobian_in_a_kept_buffer": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
-    "jacobian_in_a_tmp_file": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    # Memory in a file can be used again unseen: no test of the function counts.
+    "jacobian_in_a_tmp_file": ({"test_softmax_jvp", "test_softmax_jvp_hidden"},
+                               {"sandbox: writes or maps a file during a measured call"}),
     "rewrites_the_memory_probe": ({"test_softmax_jvp_hidden"},
                                   {"sandbox: replaces the code of a function", HELPERS_CHANGED}),
     # The grader's own function, called back on an input whose scores need gigabytes: bounded.
@@ -96,7 +98,7 @@ def batch(tmp_path_factory):
     for name, build in ATTACKS.items():
         write_submission(submitted, name, ASSIGNMENT, NOTEBOOK, build(RELEASE, SOURCE, out.resolve()))
     proc = run([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted), "--out", str(out),
-                "--timeout", "10", "--memory-limit", "2048"], timeout=1200)
+                "--timeout", "20", "--memory-limit", "2048"], timeout=1800)
     assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
     with (out / "grades.csv").open() as fh:
         rows = {row["student_id"]: row for row in csv.DictReader(fh)}

@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from autograde.sandbox import Limits, Sandbox, namespaces_available
+from autograde.sandbox import Limits, Sandbox, namespaces_available, student_function
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.skipif(namespaces_available() is not None, reason=f"{namespaces_available()}")
@@ -318,3 +318,253 @@ def scores_in_a_file(q):
         _, peak = traced_peak(student_function(sb, "scores_in_a_file"), np.ones((4096, 4)))
     assert peak > 4096 * 4096 * 8 * 0.9
     assert "memory measurements disagree" in [s["what"] for s in sb.sightings]
+
+
+# ------------------------------------------------------------------ /tmp, as in Jupyter
+
+def test_each_student_process_has_a_private_writable_tmp():
+    """A scratch file at a fixed path under /tmp works, as in Jupyter; the next
+    student of the worker, and the process without PyTorch beside it, do not see it."""
+    with Sandbox(Limits(call_timeout_s=30)) as sb, Sandbox(Limits(call_timeout_s=30), torchless=True) as other:
+        assert output(sb, "open('/tmp/notes.txt', 'w').write('mine')\nprint(open('/tmp/notes.txt').read())") == "mine"
+        assert output(other, "import os\nprint(os.path.exists('/tmp/notes.txt'))") == "False"
+        sb.restart()
+        assert output(sb, "import os\nprint(os.path.exists('/tmp/notes.txt'))") == "False"
+    assert "opens a file outside its folder" not in [s["what"] for s in sb.sightings]
+
+
+# ------------------------------------------------------------------ the process without PyTorch
+
+def test_pytorch_cannot_be_reached_in_the_process_without_it():
+    """`import torch` gives a stand-in; PyTorch's files are not there to load by
+    path or through ctypes; a thread reaching for it fails the same way, and is reported."""
+    with Sandbox(Limits(call_timeout_s=60), torchless=True) as sb:
+        found = json.loads(output(sb, """
+import glob, importlib.util, json, os, threading
+import torch
+import numpy as np
+where = os.path.dirname(importlib.util.find_spec('numpy').origin).replace('numpy', 'torch')
+tried = {'files': glob.glob(where + '/**', recursive=True)[1:],
+         'tensor': None, 'thread': None}
+try:
+    torch.tensor([1.0])
+except AttributeError as exc:
+    tried['tensor'] = type(exc).__name__
+box = []
+def work():
+    try:
+        torch.softmax(np.ones(3), 0)
+    except AttributeError as exc:
+        box.append(type(exc).__name__)
+worker = threading.Thread(target=work)
+worker.start(); worker.join()
+tried['thread'] = box[0]
+print(json.dumps(tried))"""))
+        assert found == {"files": [], "tensor": "TorchUnavailable", "thread": "TorchUnavailable"}
+        events = sb.drain()
+    assert {e["detail"] for e in events if e["what"] == "uses PyTorch where the answer is graded as NumPy code"} \
+        == {"torch.tensor", "torch.softmax"}
+
+
+def test_a_cell_that_uses_pytorch_outside_its_function_still_defines_it():
+    """Top-level uses of PyTorch (a seed, a comparison printed after the
+    definition) are passed over without PyTorch; the cell's functions exist."""
+    source = ("import numpy as np\nimport torch\ntorch.manual_seed(0)\n"
+              "def twice(x):\n    return 2 * np.asarray(x)\n"
+              "print(torch.tensor([1.0]))\ndef thrice(x):\n    return 3 * np.asarray(x)\n")
+    with Sandbox(Limits(call_timeout_s=60), torchless=True) as sb:
+        reply = sb.run_cell(source)
+        assert reply.get("error") is None, reply["error"]
+        assert list(student_function(sb, "thrice")([1.0])) == [3.0]
+
+
+# ------------------------------------------------------------------ the grader's helpers in the student's process
+
+def test_the_graders_helpers_are_the_ones_loaded_before_student_code():
+    """A probe rebound by name, or its code replaced, measures as before: the
+    server takes the helpers from its snapshot and puts back what changed."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+
+    with Sandbox(Limits(call_timeout_s=60)) as sb:
+        output(sb, "import numpy as np\nfrom student_runtime import probes as p\n"
+                   "p.inside_peak = lambda fn, *a, **k: (fn(*a, **k), 0)\n"
+                   "def square(x):\n    return np.outer(x, x)\n")
+        _, peak = traced_peak(student_function(sb, "square"), np.ones(1024))
+        assert peak >= 1024 * 1024 * 8
+        output(sb, "def nothing(fn, *a, **k):\n    return fn(*a, **k), 0\n"
+                   "import student_runtime.probes\nstudent_runtime.probes.inside_peak.__code__ = nothing.__code__")
+        _, peak = traced_peak(student_function(sb, "square"), np.ones(1024))
+        assert peak >= 1024 * 1024 * 8
+        sb.drain()
+    whats = [s["what"] for s in sb.sightings]
+    assert "changes the grader's helpers in its process" in whats and "replaces the code of a function" in whats
+
+
+# ------------------------------------------------------------------ memory, as the kernel counts it
+
+needs_cgroups = pytest.mark.skipif(__import__("autograde.cgroups", fromlist=["x"]).unavailable() is not None,
+                                   reason="memory cgroups cannot be made here (root and /sys/fs/cgroup needed)")
+
+HIDDEN_SCORES = """
+import ctypes, mmap, os, threading, tracemalloc
+import numpy as np
+
+tracemalloc.get_traced_memory = lambda: (0, 0)   # the in-process measurement sees nothing from here on
+KEPT = np.ones((2048, 2048))                     # allocated and touched before any measured call
+
+def in_a_thread(q):
+    box = []
+    worker = threading.Thread(target=lambda: box.append(float((q @ q.T).max())))
+    worker.start(); worker.join()
+    return box[0]
+
+def in_a_forked_child(q):
+    pid = ctypes.CDLL(None).fork()
+    if pid == 0:
+        (q @ q.T).max()
+        os._exit(0)
+    os.waitpid(pid, 0)
+    return 0.0
+
+def in_a_mapping(q):
+    buf = mmap.mmap(-1, len(q) * len(q) * 8)
+    s = np.frombuffer(buf, dtype=np.float64).reshape(len(q), len(q))
+    np.matmul(q, q.T, out=s)
+    return float(s.max())
+
+def in_a_tmp_file(q):
+    s = np.memmap('/tmp/scores.bin', dtype=np.float64, mode='w+', shape=(len(q), len(q)))
+    np.matmul(q, q.T, out=s)
+    return float(s.max())
+
+def in_a_kept_buffer(q):
+    s = KEPT[:len(q), :len(q)]
+    np.matmul(q, q.T, out=s)
+    return float(s.max())
+
+def in_tiles(q):
+    best = -np.inf
+    for i in range(0, len(q), 64):
+        best = max(best, float((q[i:i + 64] @ q.T).max()))
+    return best
+"""
+
+
+@needs_cgroups
+@pytest.mark.parametrize("where", ["in_a_thread", "in_a_forked_child", "in_a_mapping", "in_a_kept_buffer"])
+def test_memory_hidden_from_the_process_is_counted_by_the_kernel(where):
+    """An n x n matrix built where tracemalloc (here patched to see nothing)
+    cannot see it: in a thread, a child forked through libc, a memory mapping,
+    a buffer kept from an earlier cell."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+
+    n = 2048
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, HIDDEN_SCORES)
+        _, peak = traced_peak(student_function(sb, where), np.random.default_rng(0).normal(size=(n, 4)))
+    assert peak > n * n * 8 * 0.9
+    assert "memory measurements disagree" in [s["what"] for s in sb.sightings]
+
+
+@needs_cgroups
+def test_a_measured_call_that_writes_a_file_earns_nothing():
+    """A file in /tmp is memory that a later call can write again without a new
+    charge: a measured call that writes or maps a file is not trusted, and no
+    test of the function counts."""
+    import numpy as np
+
+    from autograde.memory import traced_peak
+
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, HIDDEN_SCORES)
+        traced_peak(student_function(sb, "in_a_tmp_file"), np.random.default_rng(0).normal(size=(2048, 4)))
+        _, honest = traced_peak(student_function(sb, "in_tiles"), np.ones((256, 4)))
+    assert set(sb.forfeited) == {"in_a_tmp_file"}
+    assert "writes or maps a file during a measured call" in [s["what"] for s in sb.sightings]
+
+
+@needs_cgroups
+def test_honest_memory_is_measured_close_to_what_it_allocates():
+    """Tiles of 64 rows, whatever the process did before: the kernel's count
+    stays within its slack of the in-process one, the arguments' transfer is
+    not counted, and nothing is reported."""
+    import numpy as np
+
+    from autograde.memory import NEW_SLACK_BYTES, traced_peak
+
+    n = 4096
+    q = np.random.default_rng(0).normal(size=(n, 4))
+    with Sandbox(Limits(call_timeout_s=120)) as sb:
+        output(sb, HIDDEN_SCORES.replace("tracemalloc.get_traced_memory = lambda: (0, 0)", "")
+               + "\nJUNK = [list(range(100)) for _ in range(20000)]\n")
+        peaks = [traced_peak(student_function(sb, "in_tiles"), q)[1] for _ in range(3)]
+        _, echo = traced_peak(student_function(sb, "in_tiles"), np.ones((2 * n, 512)))  # 32 MiB in
+    assert max(peaks) < 64 * n * 8 + NEW_SLACK_BYTES, peaks
+    assert echo < 8 * 2**20
+    assert sb.sightings == []
+
+
+# ------------------------------------------------------------------ the grader's own time and memory
+
+def test_a_grader_function_called_back_is_bounded_in_time_and_memory():
+    """A student's code that makes a grader function compute far too much gets
+    an error back within the bounds, and the student is reported."""
+    import time
+
+    import numpy as np
+
+    from autograde.sandbox import CALLBACK_SECONDS
+
+    def scores(q):
+        return q @ np.swapaxes(q, -1, -2)  # 8 x 3000 x 3000 floats for a 192 KB input
+
+    def slow(x):
+        while True:
+            x = x + 1
+
+    with Sandbox(Limits(call_timeout_s=60)) as sb:
+        output(sb, "import numpy as np\ndef probe(f, x):\n    try:\n        f(x)\n    except Exception as exc:\n"
+                   "        return str(exc)\n    return 'computed'")
+        started = time.monotonic()
+        big = student_function(sb, "probe")(scores, np.ones((8, 3000, 1)))
+        endless = student_function(sb, "probe")(slow, 0)
+        elapsed = time.monotonic() - started
+    assert "MiB" in big and "ran past" in endless
+    assert elapsed < CALLBACK_SECONDS + 20
+    assert [s["what"] for s in sb.sightings].count("makes a grader function exceed its bounds") == 2
+
+
+# ------------------------------------------------------------------ PyTorch's attention layers
+
+def test_pytorch_attention_layers_are_reported_from_any_thread():
+    import torch
+
+    from autograde.sandbox import reported_during
+    from student_runtime.layers import REPORT
+
+    source = """
+import threading
+import torch
+
+def via_thread(x):
+    attn = torch.nn.MultiheadAttention(4, 2, batch_first=True)
+    box = []
+    worker = threading.Thread(target=lambda: box.append(attn(x, x, x, need_weights=False)[0]))
+    worker.start(); worker.join()
+    return box[0]
+
+def by_hand(x):
+    w = torch.softmax(x @ x.transpose(1, 2) / 2.0, dim=-1)
+    return w @ x
+"""
+    x = torch.randn(1, 3, 4)
+    with Sandbox(Limits(call_timeout_s=60)) as sb:
+        output(sb, source)
+        _, threaded = reported_during(student_function(sb, "via_thread"), x, what_reported=REPORT)
+        _, manual = reported_during(student_function(sb, "by_hand"), x, what_reported=REPORT)
+    assert "MultiheadAttention.forward" in threaded and "multi_head_attention_forward" in threaded
+    assert manual == []

@@ -594,3 +594,10 @@ BUGGY = {
     "causal_last_chunk_dropped": ({"causal_linear_attention": CAUSAL_LAST_CHUNK_DROPPED},
                                   CAUSAL_CELLS - {"test_causal_memory", "test_causal_chunked"}),
 }
+
+
+# Planted cases a check also puts in the integrity report, with the reason it gives: PyTorch
+# reached for by a graded call in the process without PyTorch, where NumPy is graded.
+FLAGGED = {case: {"sandbox: uses PyTorch where the answer is graded as NumPy code"}
+           for case in ("dilated_torch_mask", "dilated_with_torch", "causal_torch_chunks",
+                        "training_counted_on_meta_tensors", "training_with_torch_on_small_sizes")}

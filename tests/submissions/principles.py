@@ -585,3 +585,9 @@ BUGGY = {
     "symmetries_allclose_defaults": ({"commuting_permutations": SYMMETRIES_ALLCLOSE_DEFAULTS},
                                      {"test_commuting_permutations_hidden"}),
 }
+
+
+# Planted cases a check also puts in the integrity report, with the reason it gives: PyTorch
+# reached for by a graded call in the process without PyTorch, where NumPy is graded.
+FLAGGED = {case: {"sandbox: uses PyTorch where the answer is graded as NumPy code"}
+           for case in ("softmax_with_torch", "sdpa_copied_from_torch")}

@@ -644,8 +644,8 @@ BUGGY = {
     "step_prepends_to_cache": ({"decode_step": STEP_PREPENDS}, STEP_CELLS),
     "decode_recomputes_without_cache": ({"decode_with_kv_cache": DECODE_RECOMPUTES},
                                         {"test_decode_with_kv_cache_hidden"}),
-    "decode_fakes_its_calls": ({"decode_with_kv_cache": DECODE_FAKES_ITS_CALLS},
-                               {"test_decode_with_kv_cache_hidden"}),
+    # Its calls were given caches it did not build: an integrity failure, so no test of it counts.
+    "decode_fakes_its_calls": ({"decode_with_kv_cache": DECODE_FAKES_ITS_CALLS}, DECODE_CELLS),
     "prefill_not_causal": ({"decode_with_kv_cache": PREFILL_NOT_CAUSAL}, DECODE_CELLS),
     "prefill_heads_interleaved": ({"decode_with_kv_cache": PREFILL_HEADS_INTERLEAVED}, DECODE_CELLS),
     "prefill_by_decoding": ({"decode_with_kv_cache": PREFILL_BY_DECODING}, {"test_decode_with_kv_cache_hidden"}),
@@ -691,5 +691,11 @@ BUGGY = {
                                       DECODER_CELLS - {"test_decoder_layer"}),
 }
 
-# Planted cases a check also puts in the integrity report, with the reason it gives.
-FLAGGED = {"decode_fakes_its_calls": {"sandbox: decode_step given caches it did not build"}}
+# Planted cases a check also puts in the integrity report, with the reason it gives (PyTorch
+# reached for by a graded call in the process without PyTorch, where NumPy is graded).
+FLAGGED = {"decode_fakes_its_calls": {"sandbox: decode_step given caches it did not build"},
+           **{case: {"sandbox: uses PyTorch where the answer is graded as NumPy code"}
+              for case in ("rope_with_torch", "padded_with_torch", "step_with_torch_gqa", "slope_with_autograd",
+                           "additive_with_torch")},
+           **{case: {"sandbox: runs PyTorch's attention layers in DecoderLayer"}
+              for case in ("decoder_wraps_torch_layer", "decoder_with_multihead_module")}}
