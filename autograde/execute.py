@@ -305,7 +305,8 @@ class NotebookRun:
         for sb in self._sandboxes():
             seen += sb.close_window()
             self.calls.setdefault(label, set()).update(sb.called)
-        exc = exc or self._judged(seen, label)
+        judged = self._judged(seen, label)  # always: a failed cell's reports count too
+        exc = exc or judged
         outputs = [_stream("stdout", printed)] if printed else []
         if exc is None:
             self.result.scores[label] = (points, points)

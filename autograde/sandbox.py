@@ -143,6 +143,9 @@ def _frames(pagemap, start, end):
     return np.where(present == 1, entries & np.uint64((1 << 55) - 1), np.uint64(0))
 
 
+REWRITE_RUN_PAGES = 16  # 64 KiB: runs this long are a buffer written, shorter ones the interpreter's objects
+
+
 def page_frames(pid):
     """{(start, end): page frame numbers} of the writable mappings of `pid`
     (0 where a page is not in memory). Needs root; {} otherwise."""
@@ -158,15 +161,25 @@ def page_frames(pid):
     return frames
 
 
-def rewritten_bytes(before, after):
-    """Bytes of pages present in both snapshots whose page frame changed: with
-    a process holding the memory as it was (copy-on-write), the pages written
-    in between."""
+def rewritten_bytes(before, after, run=1):
+    """Bytes of pages present in both snapshots whose page frame changed, in
+    runs of at least `run` adjacent pages: with a process holding the memory
+    as it was (copy-on-write), the pages written in between."""
+    import numpy as np
+
     total = 0
     for span, old in before.items():
         new = after.get(span)
-        if new is not None and len(new) == len(old):
-            total += int(((old != 0) & (new != 0) & (old != new)).sum()) * 4096
+        if new is None or len(new) != len(old):
+            continue
+        changed = (old != 0) & (new != 0) & (old != new)
+        if run > 1 and changed.any():
+            edges = np.diff(np.concatenate([[0], changed.astype(np.int8), [0]]))
+            starts, ends = np.flatnonzero(edges == 1), np.flatnonzero(edges == -1)
+            lengths = ends - starts
+            total += int(lengths[lengths >= run].sum()) * 4096
+        else:
+            total += int(changed.sum()) * 4096
     return total
 
 
@@ -888,9 +901,10 @@ class Sandbox:
         `new` is the peak growth of the charge of the process's memory cgroup,
         threads and children included, less the pages the call rewrote;
         `rewritten` the bytes of memory that existed before the call and that
-        the call wrote, seen as the pages it copied from a process that holds
-        the memory as it was (student_runtime.server's `hold`). None where the
-        process has no cgroup (`unmetered` says why)."""
+        the call wrote in runs of at least REWRITE_RUN_PAGES pages (a buffer),
+        seen as the pages it copied from a process that holds the memory as it
+        was (student_runtime.server's `hold`). None where the process has no
+        cgroup (`unmetered` says why)."""
         self.callbacks, self.callback_data_limit = {}, None
         values = list(args) + list(kwargs.values())
         target = self._target_of(fn)
@@ -920,8 +934,11 @@ class Sandbox:
             measured = None
             if meter is not None and self.meter is meter:
                 charged = meter.end()
-                rewritten = rewritten_bytes(frames, page_frames(self.host)) if holder else 0
-                measured = (max(charged - rewritten, 0), rewritten)
+                after = page_frames(self.host) if holder else {}
+                # Every copied page was charged; only runs of them are a buffer being
+                # written (the interpreter's own writes are scattered pages).
+                copied = rewritten_bytes(frames, after)
+                measured = (max(charged - copied, 0), rewritten_bytes(frames, after, REWRITE_RUN_PAGES))
             if holder:
                 with contextlib.suppress(OSError):
                     os.kill(holder, signal.SIGKILL)

@@ -19,7 +19,7 @@ PATTERNS = {
     "inspects frames or source (inspect)": r"\bimport\s+inspect\b|\binspect\.|\bsys\._getframe\b",
     "rebinds an attribute of a course library": r"^\s*(?:np|numpy|torch|triton|tl|autograde|coursekit|student_runtime|tracemalloc)(?:\.\w+)+\s*=(?!=)",
     "exits its process (os._exit)": r"\bos\._exit\b",
-    "opens a file outside its folder": r"\bopen\(\s*[rbf]?['\"](?:/|\.\.|~)",
+    "opens a file outside its folder": r"\bopen\(\s*[rbf]?['\"](?:/(?!tmp/)|\.\.|~)",  # /tmp is the student's
     # Not an attack: the exercises ask for what the book did not write out, so
     # an answer built on the book's helpers deserves a person's look.
     "imports the book's helpers": r"^\s*(?:import|from)\s+bookutils\b|\b__import__\(\s*['\"]bookutils",

@@ -35,8 +35,17 @@ def install(fd, home, readable):
     theirs too); files under `readable` (the Python installation, the system's
     libraries) are what any import reads."""
     written = {}
-    allowed = tuple(os.path.join(os.path.abspath(p), "") for p in (home, "/tmp", *readable))
+    allowed = tuple(os.path.join(os.path.abspath(p), "") for p in (home, *readable))
     write, dumps, abspath, fsdecode, getframe = os.write, json.dumps, os.path.abspath, os.fsdecode, sys._getframe
+    exists = os.path.lexists
+
+    def outside(path, args):
+        """Outside the student's folders: /tmp is theirs, but a file there that
+        is read before anything wrote it is a path of another machine."""
+        path = abspath(path)
+        if path.startswith(allowed):
+            return False
+        return not path.startswith("/tmp/") or (not _writes(args) and not exists(path))
 
     def student_cell():
         """The student's cell on the stack, if any: '<ipython-input-N-...>' names it."""
@@ -73,7 +82,7 @@ def install(fd, home, readable):
             path = args[0]
             if isinstance(path, bytes):
                 path = fsdecode(path)
-            if isinstance(path, str) and not abspath(path).startswith(allowed):
+            if isinstance(path, str) and outside(path, args):
                 report("opens a file outside its folder", path)
             elif isinstance(path, str) and _writes(args):
                 report(WRITES_FILE, path, limited=False)  # the grader reads it around measured calls only

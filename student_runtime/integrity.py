@@ -71,6 +71,10 @@ class Snapshot:
                 if current.get(key, _MISSING) is not value:
                     changed.append(f"{name}.{key}")
                     current[key] = value
+            for key in [k for k, v in current.items() if k not in namespace and not k.startswith("__")
+                        and not isinstance(v, types.ModuleType)]:
+                changed.append(f"{name}.{key}")  # added (a submodule imported later, a warnings registry: no change)
+                del current[key]
             if sys.modules.get(name) is not module:
                 changed.append(f"sys.modules[{name!r}]")
                 sys.modules[name] = module

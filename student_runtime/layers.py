@@ -23,7 +23,8 @@ LAYERS = (("torch.nn.functional", "multi_head_attention_forward"),
           ("torch.nn.modules.transformer", "TransformerEncoder.forward"),
           ("torch.nn.modules.transformer", "Transformer.forward"),
           ("torch", "_native_multi_head_attention"),
-          ("torch", "_transformer_encoder_layer_fwd"))
+          ("torch", "_transformer_encoder_layer_fwd"),
+          ("torch", "_transformer_decoder_only_layer_fwd"))
 
 
 def _marked(original, name, audit):

@@ -1,8 +1,10 @@
 """Measurements taken in the student's process, where the student's code runs
 (the grader asks for them with autograde.sandbox.in_student_process): peak
-memory, Triton kernel launches and bytes, the PyTorch operators a launcher
-used, the calls a function makes to a helper. They return what they saw; the
-grader decides what it means. Nothing here knows an expected answer."""
+memory as the process sees it, Triton kernel launches and bytes, the PyTorch
+operators a launcher used. They return what they saw; the grader decides what
+it means, and checks what it can from outside (autograde.memory,
+autograde.recorded_calls, the process without PyTorch). Nothing here knows an
+expected answer."""
 import contextlib
 
 import numpy as np
@@ -22,38 +24,6 @@ def inside_peak(fn, *args, **kwargs):
             result = fn(*args, **kwargs)
         return result, numpy_bytes[0]
     return traced_peak(fn, *args, **kwargs)
-
-
-def counting_decode_steps(decode_with_kv_cache, x, *weights, what):
-    """(output, calls): decode_step is looked up in the function's own module
-    and wrapped for the duration of the call; each call is recorded as
-    (x_t, cache_k, cache_v, output_t, threaded): copies of what it was given and
-    of the output it returned, and whether the caches it was given are the very
-    arrays the previous call returned."""
-    namespace = getattr(decode_with_kv_cache, "__globals__", {})
-    step = namespace.get("decode_step")
-    calls = []
-    returned = []  # the caches the latest call returned
-    if callable(step):
-        def counting_step(x_t, cache_k, cache_v, *args, **kwargs):
-            given = [np.array(a, dtype=np.float64, copy=True) for a in (x_t, cache_k, cache_v)]
-            threaded = len(returned) == 2 and cache_k is returned[0] and cache_v is returned[1]
-            result = step(x_t, cache_k, cache_v, *args, **kwargs)
-            try:
-                output_t = np.array(result[0], dtype=np.float64, copy=True)
-                returned[:] = result[1:3]
-            except Exception:  # a malformed result is judged by the caller's checks
-                output_t = np.zeros(0)
-                returned.clear()
-            calls.append((*given, output_t, threaded))
-            return result
-        namespace["decode_step"] = counting_step
-    try:
-        found = call(decode_with_kv_cache, x, *weights, what=what)
-    finally:
-        if callable(step):
-            namespace["decode_step"] = step
-    return found, calls
 
 
 # Operators that compute attention (or its products) in PyTorch instead of a kernel.
@@ -262,57 +232,3 @@ def torch_operators_used(fn, *args, what):
     with _operator_recorder() as ops:
         result = call(fn, *args, what=what)
     return result, sorted(ops.names)
-
-
-# ---------------------------------------------------------------- Chapter 2: the decoder layer
-
-# PyTorch's own attention layers: a DecoderLayer that hands its work to one of
-# them copies the answer instead of writing it.
-TORCH_LAYER_FUNCTIONS = ("torch.nn.functional:multi_head_attention_forward",
-                         "torch.nn.modules.activation:MultiheadAttention.forward",
-                         "torch.nn.modules.transformer:TransformerDecoderLayer.forward",
-                         "torch.nn.modules.transformer:TransformerEncoderLayer.forward",
-                         "torch.nn.modules.transformer:TransformerDecoder.forward",
-                         "torch.nn.modules.transformer:TransformerEncoder.forward",
-                         "torch.nn.modules.transformer:Transformer.forward")
-TORCH_LAYER_OPS = ("_native_multi_head_attention", "_transformer_encoder_layer_fwd", "_transformer_decoder_only_layer_fwd")
-
-
-def _torch_layer_codes():
-    import importlib
-
-    codes = {}
-    for spec in TORCH_LAYER_FUNCTIONS:
-        module, _, qualname = spec.partition(":")
-        target = importlib.import_module(module)
-        for part in qualname.split("."):
-            target = getattr(target, part, None)
-        code = getattr(target, "__code__", None)
-        if code is not None:
-            codes[code] = qualname
-    return codes
-
-
-def torch_layers_used(fn, *args, what):
-    """(result, names of PyTorch's attention layers that ran during fn(*args)).
-    The functions are recognised by their code objects, however they were
-    reached (an attribute, an alias kept from before, a subclass), and the
-    fused operators they may dispatch to by name."""
-    import sys
-
-    codes = _torch_layer_codes()
-    seen = set()
-
-    def profile(frame, event, arg):
-        if event == "call" and frame.f_code in codes:
-            seen.add(codes[frame.f_code])
-
-    previous = sys.getprofile()
-    sys.setprofile(profile)
-    try:
-        with _operator_recorder() as ops:
-            result = call(fn, *args, what=what)
-    finally:
-        sys.setprofile(previous)
-    seen.update(name for name in ops.names if name in TORCH_LAYER_OPS)
-    return result, sorted(seen)

@@ -316,10 +316,10 @@ class Server:
             self._answer_request(header, blobs)
 
     def _answer_request(self, header, blobs):
-        handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call, "stage": self.stage,
-                   "hold": self.hold, "fetch": self.fetch, "getattr": self.getattr}.get(header.get("kind"))
         try:
-            self._check_helpers()
+            self._check_helpers()  # first: the handlers below are looked up after it
+            handler = {"run_cell": self.run_cell, "names": self.names, "call": self.call, "stage": self.stage,
+                       "hold": self.hold, "fetch": self.fetch, "getattr": self.getattr}.get(header.get("kind"))
             if handler is None:
                 raise ValueError(f"unknown request {header.get('kind')!r}")
             reply, out_blobs = handler(header, blobs)

@@ -54,6 +54,12 @@ def test_comparisons_and_library_calls_are_not_flagged(tmp_path):
     assert scan(tmp_path, "ch1_principles", {"softmax": code}) == []
 
 
+def test_a_scratch_file_in_tmp_is_not_flagged(tmp_path):
+    """/tmp is the student's own in the sandbox, as in Jupyter."""
+    code = "open('/tmp/notes.txt', 'w').write('x')\ndef softmax(x, axis=-1):\n    return x"
+    assert scan(tmp_path, "ch1_principles", {"softmax": code}) == []
+
+
 @pytest.mark.parametrize("assignment", sorted(CLASSES))
 def test_honest_solutions_scan_clean(tmp_path, assignment):
     assert scan(tmp_path, assignment, {}) == []
