@@ -116,15 +116,18 @@ def numpy_graded(notebook):
 
 
 class _NotInTorchless:
-    """Stands for a NumPy-graded function that its cell did not define in the
-    process without PyTorch: calling it fails with the reason."""
+    """Stands for a NumPy-graded function that the process without PyTorch
+    does not have: calling it fails with the reason."""
 
-    def __init__(self, name):
-        self.name = name
+    def __init__(self, name, lost=None):
+        self.name, self.lost = name, lost
 
     def __call__(self, *args, **kwargs):
         from autograde.compare import GradingFailure
 
+        if self.lost:
+            raise GradingFailure(f"{self.name} is graded as NumPy code, in a second process without PyTorch, and "
+                                 f"{self.lost}.")
         raise GradingFailure(
             f"{self.name} is graded as NumPy code, in a process where PyTorch cannot be imported, and its cell did "
             f"not define it there: the cell stops before `def {self.name}` when PyTorch is missing. Compute with "
@@ -263,7 +266,8 @@ class NotebookRun:
         for name in self.numpy_names & set(names):
             current = self.ns.get(name)
             if isinstance(current, (Remote, _NotInTorchless)):
-                self.ns[name] = student_function(self.torchless, name) if name in there else _NotInTorchless(name)
+                self.ns[name] = student_function(self.torchless, name) if name in there else \
+                    _NotInTorchless(name, self.torchless_dead)
 
     def _run_here(self, cell, label):
         """Run trusted cell source in this process; returns the exception, if any."""
