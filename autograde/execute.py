@@ -33,16 +33,9 @@ import nbformat
 
 from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, student_function
 from autograde.structure import is_test, nbgrader_of
-from student_runtime.audit import WRITES_FILE
-from student_runtime.layers import REPORT as LAYER_REPORT
 from student_runtime.torchless import USE as TORCH_USE
 
 HIDDEN_MARKER = "### BEGIN HIDDEN TESTS"
-# Reports of the audit hook that count only while a test cell runs: a layer's
-# use is the DecoderLayer check's to judge, a file written the memory
-# measurement's, PyTorch reached for without it a flag when a graded call did
-# it (a cell comparing with PyTorch is no fault).
-WINDOWED = {LAYER_REPORT, TORCH_USE, WRITES_FILE}
 # Reports that the grader's helpers in the student's process were changed:
 # the test cell during which one is made earns nothing.
 TAMPERING = {"changes the grader's helpers in its process", "replaces the code of a function",
@@ -387,7 +380,7 @@ class NotebookRun:
                 sb.close()
             self._forfeit()
             seen = set()
-            sightings = [s for sb in self._sandboxes() for s in sb.sightings if s.get("what") not in WINDOWED]
+            sightings = [s for sb in self._sandboxes() for s in sb.sightings]
             for sighting in sightings + self.flags:  # from the audit hooks in the student's processes
                 key = (sighting.get("what"), sighting.get("detail"))
                 if key not in seen:

@@ -53,8 +53,10 @@ from pathlib import Path
 
 from autograde import cgroups
 from student_runtime import wire
+from student_runtime.audit import WRITES_FILE
+from student_runtime.layers import REPORT as LAYER_REPORT
 from student_runtime.processes import count_processes
-from student_runtime.torchless import BLOCKED as TORCH_PACKAGES
+from student_runtime.torchless import BLOCKED as TORCH_PACKAGES, USE as TORCH_USE
 
 STARTUP_TIMEOUT_S = 120
 WATCH_INTERVAL_S = 0.25
@@ -72,6 +74,13 @@ MAX_CALLBACK_BYTES = 16 * 2**20  # what a student may hand to a grader-side func
 CALLBACK_SECONDS = 10  # the most one call of a grader-side function may take (within the call's own limit)
 CALLBACK_MEMORY_BYTES = 512 * 2**20  # and the most it may add to the grader's heap
 GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process may bring into the grader
+
+
+# Reports of the audit hook that mean something only for the call or test cell
+# during which they are made (drain's callers judge them): a PyTorch layer run
+# (DecoderLayer's rule), PyTorch reached for where it does not exist (a flag
+# when a graded call did it), a file written (the memory measurement's trust).
+CALL_SCOPED = {LAYER_REPORT, TORCH_USE, WRITES_FILE}
 
 
 class SandboxLost(Exception):
@@ -708,11 +717,11 @@ class Sandbox:
 
     def drain(self):
         """What the current process's audit hook reported since the last drain
-        (also added to `sightings`, and to the open window)."""
+        (also added to the open window, and to `sightings` unless CALL_SCOPED)."""
         if self.pid is None or self.zygote is None:
             return []
         events, self.audit_seq = self.zygote.sightings(self.pid, self.audit_seq)
-        self.sightings += events
+        self.sightings += [e for e in events if e.get("what") not in CALL_SCOPED]
         if self.window is not None:
             self.window += events
         return events
