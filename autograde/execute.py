@@ -122,9 +122,9 @@ class _NotInTorchless:
             raise GradingFailure(f"{self.name} is graded as NumPy code, in a second process without PyTorch, and "
                                  f"{self.lost}.")
         raise GradingFailure(
-            f"{self.name} is graded as NumPy code, in a process where PyTorch cannot be imported, and its cell did "
-            f"not define it there: the cell stops before `def {self.name}` when PyTorch is missing. Compute with "
-            "NumPy (or plain Python), and keep PyTorch out of that cell.")
+            f"{self.name} is graded as NumPy code, in a process where PyTorch cannot be imported, and it is not "
+            f"defined there: its cell stopped before `def {self.name}` (as a cell that needs PyTorch to run does). "
+            "Compute with NumPy (or plain Python).")
 
 
 def _failure_lines(exc):

@@ -624,6 +624,21 @@ def softmax_jvp(x, u, axis=-1):
 """})
 
 
+def tampers_while_graded(release, source, out):
+    """A correct softmax_jvp that, each time it is called, swaps the grader's
+    memory probe for one that measures nothing (too late for a snapshot taken
+    before the first cell)."""
+    return _with(release, source, {"softmax_jvp": """
+import importlib
+
+def softmax_jvp(x, u, axis=-1):
+    probes = importlib.import_module("student_runtime.probes")
+    probes.inside_peak = lambda fn, *args, **kwargs: (fn(*args, **kwargs), 0)
+    p = softmax(x, axis=axis)
+    return p * (u - np.sum(p * u, axis=axis, keepdims=True))
+"""})
+
+
 # ------------------------------------------------------------------ attacks on the grader's own resources
 
 def calls_back_with_a_huge_input(release, source, out):
@@ -656,7 +671,7 @@ ATTACKS = {f.__name__: f for f in (
     drops_a_file_for_others, picks_up_a_dropped_file, fills_the_disk, zeroes_its_inputs, _scratch("a"),
     _scratch("b"), torch_in_a_thread, torch_when_unwatched, rebinds_the_numpy_probe, jacobian_in_a_thread,
     jacobian_in_a_forked_child, jacobian_in_a_kept_buffer, jacobian_in_a_tmp_file, rewrites_the_memory_probe,
-    calls_back_with_a_huge_input, honest_scratch_in_tmp)}
+    tampers_while_graded, calls_back_with_a_huge_input, honest_scratch_in_tmp)}
 
 
 # ------------------------------------------------------------------ Chapter 2: the same mechanisms, another notebook

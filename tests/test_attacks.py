@@ -82,6 +82,8 @@ EXPECTED = {
                                {"sandbox: writes or maps a file during a measured call"}),
     "rewrites_the_memory_probe": ({"test_softmax_jvp_hidden"},
                                   {"sandbox: replaces the code of a function", HELPERS_CHANGED}),
+    # The grader's helpers changed while a test cell ran: that cell earns nothing.
+    "tampers_while_graded": ({"test_softmax_jvp", "test_softmax_jvp_hidden"}, {HELPERS_CHANGED}),
     # The grader's own function, called back on an input whose scores need gigabytes: bounded.
     "calls_back_with_a_huge_input": (ATTENTION_CHECKS, {"sandbox: makes a grader function exceed its bounds"}),
     "honest_scratch_in_tmp": (set(), set()),
