@@ -13,7 +13,7 @@ from tests.conftest import REPO, run
 from tests.leaks import MARKERS, find_leaks, secret_fragments
 
 INSTRUCTOR_ONLY = ["solutions", "autograde", "student_runtime", "tests/submissions", "tests/attacks.py",
-                   "tests/leaks.py", "grading"]
+                   "tests/leaks.py", "tests/README.md", "CONTRIBUTING.md", "docs", "grading"]
 
 
 @pytest.fixture(scope="module")
