@@ -35,7 +35,7 @@ def memory_hierarchy(levels, off_chip):
     """One bar per level, fastest at the top, its length the logarithm of the
     capacity `size` in bytes. `levels`: list of (name, where, size, size text,
     bandwidth text); levels from index `off_chip` on are off the GPU's die."""
-    fig, ax = plt.subplots(figsize=(8.8, 3.9))
+    fig, ax = plt.subplots(figsize=(9.4, 3.9))
     sizes = np.array([level[2] for level in levels], dtype=float)
     lo, hi = np.log10(sizes.min()) - 1.0, np.log10(sizes.max())
     for row, (name, where, size, size_text, bandwidth) in enumerate(levels):
@@ -48,10 +48,10 @@ def memory_hierarchy(levels, off_chip):
         ax.text(length + 0.015, y - 0.17, bandwidth, ha="left", va="center", fontsize=8.5, color="0.25")
     boundary = len(levels) - off_chip - 0.5
     ax.axhline(boundary, color="0.3", ls="--", lw=1)
-    ax.text(-0.54, boundary + 0.08, "on the GPU's die", ha="left", va="bottom", fontsize=9, color="0.3")
-    ax.text(-0.54, boundary - 0.08, "off the die, in the same package", ha="left", va="top", fontsize=9,
+    ax.text(1.68, boundary + 0.08, "on the GPU's die", ha="right", va="bottom", fontsize=9, color="0.3")
+    ax.text(1.68, boundary - 0.08, "off the die,\nin the same package", ha="right", va="top", fontsize=9,
             color="0.3")
-    ax.set_xlim(-0.55, 1.4)
+    ax.set_xlim(-0.55, 1.7)
     ax.set_ylim(-0.6, len(levels) - 0.4)
     ax.set_xticks([])
     ax.set_yticks([])
@@ -78,7 +78,8 @@ def roofline(points, roofs, bandwidth, ridge_label):
         intensity = flops / moved
         attained = min(roofs[roof], bandwidth * intensity)
         ax.loglog(intensity, attained, marker, color=colour, ms=9)
-        ax.annotate(f"{label}\n{intensity:.3g} FLOPs/byte", (intensity, attained), textcoords="offset points",
+        shown = f"{intensity:.3g}" if intensity < 100 else f"{intensity:,.0f}"
+        ax.annotate(f"{label}\n{shown} FLOPs/byte", (intensity, attained), textcoords="offset points",
                     xytext=offset, fontsize=8.5, color=colour)
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved to or from HBM)")
     ax.set_ylabel("attainable FLOP/s")

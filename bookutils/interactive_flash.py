@@ -45,6 +45,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
     weights = [float(np.exp(x[j] - m) / l) if j < seen and l > 0 else 0.0 for j in range(n)]
     output = state["acc"] / l if l > 0 else np.zeros(v.shape[1])
     complete = state["phase"] == "after" and seen == n
+    equal = complete and np.allclose(output, exact_o, rtol=0, atol=1e-12)
 
     c = Canvas(680, 330)
     left, width = 40, 430
@@ -99,7 +100,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
         x0 = px + 10 + t * 52
         if l > 0:
             top, bottom = sorted((y_out(output[t]), mid))
-            c.rect(x0 + 6, top, 30, bottom - top, fill=GREEN if complete else BLUE)
+            c.rect(x0 + 6, top, 30, bottom - top, fill=GREEN if equal else BLUE)
         c.line(x0, y_out(exact_o[t]), x0 + 42, y_out(exact_o[t]), stroke=INK, width=2)
         c.text(x0 + 21, 178, f"o{t}", size=11, colour=MUTED)
     rows = [("m", _num(m)), ("ℓ", _num(l, 4)),
@@ -109,7 +110,8 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
         c.text(px, 205 + 20 * k, f"{name} = {value}" if value else f"{name}", anchor="start",
                colour=INK if value else "#ffffff")
     if complete:
-        c.text(px, 300, "output = exact softmax", anchor="start", colour=GREEN, weight="bold")
+        c.text(px, 300, "output = exact softmax" if equal else "output ≠ exact softmax", anchor="start",
+               colour=GREEN if equal else RED, weight="bold")
 
     if state["phase"] == "start":
         what = "Nothing read yet: m = −∞, ℓ = 0, acc = 0."
@@ -124,10 +126,10 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
         what = (f"After block {b}: ℓ ← α·ℓ + Σ e^(x_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
                 f"{seen} of {n} scores read.")
     text = (f"{what} Output so far acc/ℓ = {_vec(output)}; exact softmax(x)·V = {_vec(exact_o)}"
-            + (": equal, the pass is complete." if complete else "."))
+            + ((": equal, the pass is complete." if equal else ": NOT equal, the update is wrong.") if complete else "."))
     data = {"m": None if m == -np.inf else m, "l": l, "output": [float(o) for o in output],
             "exact": [float(o) for o in exact_o], "weights": weights, "exact-weights": [float(w) for w in exact_w],
-            "seen": seen, "complete": int(complete)}
+            "seen": seen, "complete": int(complete), "equal": int(equal)}
     values = [["m", _num(m, 4)], ["ℓ", _num(l, 4)],
               ["α", "" if state["alpha"] is None else f"{state['alpha']:.4f}"],
               ["output acc/ℓ", _vec(output)], ["exact softmax(x)·V", _vec(exact_o)]]
@@ -368,9 +370,10 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
         c.text(x, 218, "o_c:", anchor="start", size=11)
         _bars(c, list(o), x + 34, 255, 38, reach, palette[ci % len(palette)])
     output = merged[merged_upto][2] if merged_upto >= 1 else None
+    equal = step == chunks and np.allclose(output, exact, rtol=0, atol=1e-12)
     c.text(left, 320, "merged output (bars) and exact softmax(s)·V (ticks)", anchor="start", weight="bold", size=11)
     _bars(c, list(output) if output is not None else [None] * len(exact), left + 10, 360, 34, reach,
-          GREEN if step == chunks else BLUE, exact=list(exact), width=22, gap=34)
+          GREEN if equal else BLUE, exact=list(exact), width=22, gap=34)
     if merged_upto >= 1:
         m, l, o = merged[merged_upto]
         prev_m, prev_l, _ = merged[merged_upto - 1]
@@ -383,7 +386,8 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
     else:
         c.text(left + 140, 358, "no merge yet", anchor="start", size=11, colour=MUTED)
     if step == chunks:
-        c.text(left + 140, 394, "equal to the exact output", anchor="start", size=11, colour=GREEN, weight="bold")
+        c.text(left + 140, 394, "equal to the exact output" if equal else "NOT equal to the exact output",
+               anchor="start", size=11, colour=GREEN if equal else RED, weight="bold")
 
     if step == 0:
         what = f"The cache holds {n} keys, cut into {chunks} chunks of {chunk}; one program per chunk."
@@ -394,9 +398,9 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
     else:
         what = (f"Chunk {merged_upto} merged into chunks 0–{merged_upto - 1}: the output of chunks 0–{merged_upto} "
                 f"is {_vec(output)}.")
-    finished = step == chunks
-    text = what + f" Exact output {_vec(exact)}" + (": equal, every chunk is merged." if finished else ".")
+    text = what + f" Exact output {_vec(exact)}" + (
+        (": equal, every chunk is merged." if equal else ": NOT equal, a merge is wrong.") if step == chunks else ".")
     data = {"output": None if output is None else [float(x) for x in output],
-            "exact": [float(x) for x in exact], "merged": merged_upto + 1 if merged_upto >= 1 else 0,
+            "exact": [float(x) for x in exact], "merged": merged_upto + 1 if merged_upto >= 1 else 0, "equal": int(equal),
             "chunks": chunks, "states": [[float(m), float(l)] for m, l, _ in states] if step >= 1 else None}
     return Frame((step,), c.markup(f"Split-K decoding, step {step}: {what}"), text, data)

@@ -46,6 +46,8 @@
         if (value < Number(range.min) || value > Number(range.max)) return;
         range.value = String(value);
         show(true);
+        // A button that has just been disabled (first or last step) would drop the focus.
+        if (b.disabled) range.focus();
       });
     });
     controls.forEach((c) => {
