@@ -133,7 +133,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
     values = [["m", _num(m, 4)], ["ℓ", _num(l, 4)],
               ["α", "" if state["alpha"] is None else f"{state['alpha']:.4f}"],
               ["output acc/ℓ", _vec(output)], ["exact softmax(x)·V", _vec(exact_o)]]
-    return Frame((step,), c.markup(f"Online softmax, step {step}: {what}"), text, data,
+    return Frame((step,), c.markup(f"Online softmax, step {step}, described below"), text, data,
                  table(["quantity", "value"], values))
 
 
@@ -266,7 +266,7 @@ def _tile_frame(events, upto, n, d, block_q, block_k, causal, step, model_total)
             "computed": sum(1 for e in events[:upto] if e["computed"]),
             "skipped": sum(1 for e in events[:upto] if not e["computed"]),
             "tile": [current["i"], current["j"]] if current else None}
-    return Frame((int(causal), step), c.markup(f"Tile walk, {'causal' if causal else 'no mask'}, step {step}: {what}"),
+    return Frame((int(causal), step), c.markup(f"Tiles, {'causal' if causal else 'no mask'}, step {step}, described below"),
                  text, data)
 
 
@@ -403,4 +403,4 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
     data = {"output": None if output is None else [float(x) for x in output],
             "exact": [float(x) for x in exact], "merged": merged_upto + 1 if merged_upto >= 1 else 0, "equal": int(equal),
             "chunks": chunks, "states": [[float(m), float(l)] for m, l, _ in states] if step >= 1 else None}
-    return Frame((step,), c.markup(f"Split-K decoding, step {step}: {what}"), text, data)
+    return Frame((step,), c.markup(f"Split-K decoding, step {step}, described below"), text, data)

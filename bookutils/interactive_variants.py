@@ -69,7 +69,7 @@ def _temperature_frame(scores, w, h, tau, t):
             f"about {np.exp(h):.1f} effective keys, and the largest weight is {w.max():.3f}, on key {top_j}.")
     data = {"tau": float(tau), "entropy": h, "max-weight": float(w.max()), "weights": [float(p) for p in w],
             "log-n": float(h_max)}
-    return Frame((t,), c.markup(f"Softmax weights at temperature {tau:.3g}: {text}"), text, data)
+    return Frame((t,), c.markup(f"Softmax weights at temperature {tau:.3g}, described below"), text, data)
 
 
 # --- rotary positions ----------------------------------------------------------
@@ -119,7 +119,7 @@ def _rotary_frame(q, k, q_rot, k_rot, i, j, delta, key, pairs):
             f"frequency and each pair of k by {j} times it; the pairs contribute "
             + ", ".join(f"{p:+.3f}" for p in contributions) + f", a score of {score:+.4f}.")
     data = {"score": score, "i": int(i), "j": int(j), "delta": int(delta), "contributions": contributions}
-    return Frame(key, c.markup(f"Rotary pairs of q and k: {text}"), text, data)
+    return Frame(key, c.markup(f"Rotary pairs of q at position {i} and k at position {j}, described below"), text, data)
 
 
 # --- masks ----------------------------------------------------------------------
@@ -185,7 +185,7 @@ def _mask_frame(keep, weights, labels, key):
     data = {"keep": keep.astype(int).tolist(),
             "weights": [[None if np.isnan(w) else round(float(w), 6) for w in row] for row in weights],
             "empty-rows": empty}
-    return Frame(key, c.markup(f"Mask and weights: {text}"), text, data)
+    return Frame(key, c.markup(f"Mask and weights with {active}, described below"), text, data)
 
 
 # --- the key-value cache --------------------------------------------------------
@@ -258,4 +258,4 @@ def _kv_frame(t, n, n_layers, d, step_scores, cache_bytes, itemsize):
             f"(its cache now holds {t + 1} of each) and computes {t + 1} score{'s' if t else ''} for the new query; "
             f"the cache holds {cache_bytes:,} bytes.")
     data = {"step": t, "rows": t + 1, "scores": [len(s) for s in step_scores], "bytes": int(cache_bytes)}
-    return Frame((t,), c.markup(f"Key-value cache at step {t}: {text}"), text, data)
+    return Frame((t,), c.markup(f"Key-value caches at step {t}, described below"), text, data)

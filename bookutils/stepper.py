@@ -5,7 +5,7 @@ page's own code, and written into the page as a frame: an SVG drawing, the same
 content in words and numbers (the text alternative), and the numbers again as
 data attributes that the browser tests read. The controls are native HTML
 (buttons, range sliders, check boxes), so the keyboard works as everywhere
-else; a script of some sixty lines (stepper.js, shipped inline with the figure,
+else; a script of about seventy lines (stepper.js, shipped inline with the figure,
 no library and no request) shows the frame that the controls select and
 announces it to screen readers. Without the script the first frame is shown
 and the controls stay disabled."""
@@ -72,9 +72,9 @@ def _control(control):
     if isinstance(control, Steps):
         last = len(control.labels) - 1
         return (f'<button type="button" data-move="-1" data-target="{control.name}" disabled>'
-                f'&#9664; Previous step</button>'
+                f'<span aria-hidden="true">&#9664;</span> Previous step</button>'
                 f'<button type="button" data-move="1" data-target="{control.name}" disabled>'
-                f'Next step &#9654;</button>'
+                f'Next step <span aria-hidden="true">&#9654;</span></button>'
                 f'<label class="cf-range">Step <input type="range" data-control="{control.name}" min="0" '
                 f'max="{last}" step="1" value="0" disabled data-labels="{escape(json.dumps(control.labels))}">'
                 f'</label><span class="cf-value" data-output="{control.name}">'
@@ -120,6 +120,7 @@ def stepper_html(name, title, controls, frames, caption):
                      f'{_data_attributes(f.data)}{hidden}>{f.svg}<p class="cf-text">{escape(f.text)}</p>'
                      f'{f.table}</div>')
     parts.append('<p class="cf-live" aria-live="polite"></p>')
+    parts.append("<noscript><p>The controls need JavaScript; without it the first state is shown.</p></noscript>")
     parts.append(f"</div><figcaption>{escape(caption)}</figcaption></figure>")
     parts.append(f"<style>{(HERE / 'stepper.css').read_text()}</style>")
     parts.append(f"<script>{(HERE / 'stepper.js').read_text()}</script>")

@@ -284,8 +284,12 @@ def test_figure_pages_are_accessible_and_small(visits, site, name):
         visit.page.keyboard.press("End")     # a changed state is checked too
     _clean(visit)                            # (axe's own stylesheet requests can fail; they are not the page's)
     results = Axe().run(visit.page)
-    serious = [f"{v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
-               for v in results.response["violations"] if v["impact"] in ("serious", "critical")]
+    visit.page.emulate_media(color_scheme="dark")          # the theme follows the reader's system setting
+    dark = Axe().run(visit.page, context=".cf-figure")
+    visit.page.emulate_media(color_scheme="light")
+    serious = [f"{mode}: {v['id']} ({v['impact']}): {v['help']} — {[n['target'] for n in v['nodes']][:3]}"
+               for mode, run in (("light", results), ("dark", dark))
+               for v in run.response["violations"] if v["impact"] in ("serious", "critical")]
     assert not serious, "\n".join(serious)
     html = build / "html" / f"{PAGES[name]}.html"
     images = sum((build / "html" / "_images" / src.split("/")[-1]).stat().st_size
