@@ -9,7 +9,7 @@ import numpy as np
 from bookutils.attention import softmax_row
 from bookutils.online import absorb_block
 from bookutils.stepper import Frame, Steps, Toggle, stepper, table
-from bookutils.svg import BLUE, GREEN, GREY, INK, MUTED, ORANGE, RED, Canvas, blues, ink_on
+from bookutils.svg import BLUE, GREEN, GREY, INK, MUTED, ORANGE, RED, Canvas, ink_on
 
 
 def _vec(values, digits=3):

@@ -4,8 +4,8 @@ and the key-value cache. See stepper.py for how a figure reaches the site."""
 import numpy as np
 
 from bookutils.attention import softmax_row
-from bookutils.stepper import Frame, Slider, Steps, Toggle, stepper, table
-from bookutils.svg import BLUE, GREEN, GREY, INK, MUTED, ORANGE, RED, Canvas, blues, ink_on
+from bookutils.stepper import Frame, Slider, Steps, Toggle, stepper
+from bookutils.svg import BLUE, GREY, MUTED, ORANGE, RED, Canvas, blues, ink_on
 
 
 def _vec(values, digits=3):
