@@ -319,14 +319,15 @@ CHECKS_PROBE_EMPTY_ROWS = _SOLUTION_CHECKS.replace("MASK_CHANGE", "mask[2] = Fal
 CHECKS_MASK_ON_SMALL_SCORES = _SOLUTION_CHECKS.replace("MASK_CHANGE", "").replace("CALL", _GUARDED_CALL).replace(
     "for keep in (None, mask):", "for keep in (None, mask) if q.max() < 100 else (None,):")
 
-# An attack: no checks at all, just the answers in the order the tests used to ask
-# (the visible cell: True, False, False; then two correct implementations, then the wrong ones).
+# An attack: no checks at all, just the answers in the order the tests ask (the visible
+# cell: two correct implementations, then four wrong ones) and used to ask in the hidden
+# cells (two correct implementations, then the wrong ones).
 CHECKS_BY_CALL_COUNT = '''
 _asked = []
 
 def passes_attention_checks(attention):
     _asked.append(attention)
-    return len(_asked) in (1, 4, 5)
+    return len(_asked) in (1, 2, 7, 8)
 '''
 
 SYMMETRIES_INVARIANCE = '''
@@ -617,8 +618,10 @@ BUGGY = {
     # softmax_jvp builds on the student's softmax, so a softmax mistake costs it too.
     "softmax_ignores_axis": ({"softmax": SOFTMAX_IGNORES_AXIS},
                              {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"} | JVP_CELLS),
+    # The visible attention test's scores of 1e6 overflow it too.
     "softmax_unstable": ({"softmax": SOFTMAX_UNSTABLE},
-                         {"test_softmax", "test_softmax_stable", "test_sdpa_extreme_scores"} | JVP_CELLS),
+                         {"test_softmax", "test_softmax_stable", "test_scaled_dot_product_attention",
+                          "test_sdpa_extreme_scores"} | JVP_CELLS),
     "softmax_global_max": ({"softmax": SOFTMAX_GLOBAL_MAX},
                            {"test_softmax_stable", "test_sdpa_extreme_scores", "test_softmax_jvp_hidden"}),
     # Graded, the student's changes to its arguments never reach the test's arrays,
@@ -639,10 +642,12 @@ BUGGY = {
     "sdpa_mask_after_softmax": ({"scaled_dot_product_attention": SDPA_MASK_AFTER_SOFTMAX},
                                 {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked",
                                  "test_sdpa_extreme_scores"}),
-    # Right on the visible and the unit-scale masked tests; the extreme cell's masks sit on
-    # scores in the thousands and beyond, where a kept key can score far below -1e4.
-    "sdpa_finite_mask": ({"scaled_dot_product_attention": SDPA_FINITE_MASK}, {"test_sdpa_extreme_scores"}),
-    "sdpa_additive_penalty": ({"scaled_dot_product_attention": SDPA_ADDITIVE_PENALTY}, {"test_sdpa_extreme_scores"}),
+    # Right on unit-scale masks; the visible test's mask on scores of -1e6 and +1e6, and the
+    # extreme cell's masks on scores in the thousands and beyond, expose it.
+    "sdpa_finite_mask": ({"scaled_dot_product_attention": SDPA_FINITE_MASK},
+                         {"test_scaled_dot_product_attention", "test_sdpa_extreme_scores"}),
+    "sdpa_additive_penalty": ({"scaled_dot_product_attention": SDPA_ADDITIVE_PENALTY},
+                              {"test_scaled_dot_product_attention", "test_sdpa_extreme_scores"}),
     # The visible multi-head test compares one head with the student's own attention, so only the hidden one sees it.
     "sdpa_scales_by_d_v": ({"scaled_dot_product_attention": SDPA_SCALE_BY_D_V},
                            {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_mha_hidden"}),
@@ -667,16 +672,19 @@ BUGGY = {
     "checks_never_mask": ({"passes_attention_checks": CHECKS_NEVER_MASK},
                           {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_square_and_small": ({"passes_attention_checks": CHECKS_SQUARE_AND_SMALL},
-                                {"test_attention_checks_catch_bugs"}),
+                                {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_exact_equality": ({"passes_attention_checks": CHECKS_EXACT_EQUALITY},
                               {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
-    "checks_float_mask": ({"passes_attention_checks": CHECKS_FLOAT_MASK}, {"test_attention_checks_accept_correct"}),
+    # Each of these four the visible cell now catches too (a correct attention that needs a
+    # boolean mask, one that raises, one with -1e4, PyTorch's zeros on a row with no key).
+    "checks_float_mask": ({"passes_attention_checks": CHECKS_FLOAT_MASK},
+                          {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
     "checks_let_errors_escape": ({"passes_attention_checks": CHECKS_LET_ERRORS_ESCAPE},
-                                 {"test_attention_checks_catch_bugs"}),
+                                 {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_probe_empty_rows": ({"passes_attention_checks": CHECKS_PROBE_EMPTY_ROWS},
-                                {"test_attention_checks_accept_correct"}),
+                                {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
     "checks_mask_on_small_scores": ({"passes_attention_checks": CHECKS_MASK_ON_SMALL_SCORES},
-                                    {"test_attention_checks_catch_bugs"}),
+                                    {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     # Answers by call number, in the order the hidden implementations used to come in: the
     # visible cell passes; the hidden ones mix correct and wrong implementations in an order
     # drawn from the submission, and need the plainest of each judged right.
