@@ -101,7 +101,28 @@ def test_failure_messages_point_at_the_fix():
         ns = namespace("ch1_principles", {"commuting_permutations": mistake})
         with pytest.raises(GradingFailure, match=advice):
             checks.check_commuting_permutations(ns["commuting_permutations"])
+    for mistake, check, advice in [
+            (principles.CHECKS_FLOAT_MASK, checks.check_attention_checks_accept_correct, "dtype float64.*Pass boolean"),
+            (principles.CHECKS_PROBE_EMPTY_ROWS, checks.check_attention_checks_accept_correct,
+             "a query may attend to no key; Exercise 2 excludes"),
+            (principles.CHECKS_EXACT_EQUALITY, checks.check_attention_checks_accept_correct, "Compare with a tolerance"),
+            (principles.CHECKS_LET_ERRORS_ESCAPE, checks.check_attention_checks_catch_bugs,
+             "raised the attention's own error.*return False"),
+            (principles.CHECKS_MASK_ON_SMALL_SCORES, checks.check_attention_checks_catch_bugs, "-1e4"),
+            (principles.CHECKS_BY_CALL_COUNT, checks.check_attention_checks_catch_bugs, "decided without calling")]:
+        ns = namespace("ch1_principles", {"passes_attention_checks": mistake})
+        with pytest.raises(GradingFailure, match=advice):
+            check(ns["passes_attention_checks"])
+    ns = namespace("ch1_principles", {"scaled_dot_product_attention": principles.SDPA_FINITE_MASK})
+    with pytest.raises(GradingFailure, match="finite penalty such as -1e4"):
+        checks.check_sdpa_extreme_scores(ns["scaled_dot_product_attention"])
     variants = CLASSES["ch2_variants"]
+    ns = namespace("ch2_variants", {"left_padded_causal_attention": variants.PADDED_ADDITIVE_PENALTY})
+    with pytest.raises(GradingFailure, match="padding entries of size about.*rather than penalise"):
+        variant_checks.check_left_padded_values(ns["left_padded_causal_attention"])
+    ns = namespace("ch2_variants", {"entropy_temperature_slope": variants.SLOPE_GLOBAL_MAX})
+    with pytest.raises(GradingFailure, match="rows at offsets.*each row's own maximum"):
+        variant_checks.check_slope_limits(ns["entropy_temperature_slope"])
     ns = namespace("ch2_variants", {"decode_with_kv_cache": variants.DECODE_REBUILDS_CACHES})
     with pytest.raises(GradingFailure, match="Pass them on as they are"):
         variant_checks.check_decode_with_kv_cache(ns["decode_with_kv_cache"])
@@ -121,6 +142,9 @@ def test_failure_messages_point_at_the_fix():
     with pytest.raises(GradingFailure, match="post-norm.*Self-attention is causal"):
         variant_checks.check_decoder_post_norm(ns["DecoderLayer"])
     complexity = CLASSES["ch3_complexity"]
+    ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_FINITE_FILL})
+    with pytest.raises(GradingFailure, match="a finite fill such as -1e4"):
+        complexity_checks.check_dilated_extreme(ns["dilated_local_attention"])
     ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_TORCH_MASK})
     with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
         complexity_checks.check_dilated_memory(ns["dilated_local_attention"])
@@ -136,6 +160,23 @@ def test_failure_messages_point_at_the_fix():
     ns = namespace("ch3_complexity", {"causal_linear_attention": complexity.CAUSAL_STATE_UPDATED_FIRST})
     with pytest.raises(GradingFailure, match=r"causal_linear_attention.*j <= t only"):
         complexity_checks.check_causal_linear_output(ns["causal_linear_attention"])
+
+
+def test_attention_checks_are_shown_in_an_order_drawn_per_submission():
+    """Two submissions see the implementations in different orders; the same one, graded
+    again, in the same order; and the two anchors come twice each."""
+    from autograde import draws
+
+    def order(sources):
+        draws.grading(sources)
+        return [label for label, _, _ in checks._presented()]
+
+    try:
+        first, again, other = order(["a"]), order(["a"]), order(["b"])
+    finally:
+        draws.grading([])
+    assert first == again and first != other and sorted(first) == sorted(other)
+    assert first.count(checks.PLAIN_CORRECT) == first.count(checks.PLAIN_MISTAKE) == 2
 
 
 def test_fitting_checks_refuse_what_the_cost_is_not_defined_for():
