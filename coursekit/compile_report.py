@@ -103,8 +103,8 @@ def specialise(kernel, *args, **kwargs):
 
     fn = raw_function(kernel)
     options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_NAMES}
-    jit = kernel
-    while not hasattr(jit, "arg_names") and hasattr(jit, "fn"):
+    jit = kernel                  # the @triton.jit object, under any autotune or heuristics
+    while type(jit).__name__ not in ("JITFunction", "InterpretedFunction") and hasattr(jit, "fn"):
         jit = jit.fn
     flags = getattr(jit, "kwargs", None) or {"do_not_specialize": getattr(jit, "do_not_specialize", None),
                                              "do_not_specialize_on_alignment":
@@ -230,6 +230,8 @@ class TargetReport:
 
     def problem(self):
         """The error, or a resource the target lacks, in one line; None when fine."""
+        if self.compiles is None:
+            return "not compiled here: " + (self.error or "")
         if not self.compiles:
             if self.where:
                 w = self.where
