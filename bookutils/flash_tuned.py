@@ -36,7 +36,7 @@ LN_2 = tl.constexpr(0.6931471805599453)   # ln(2): turns a base-2 log-sum-exp ba
 # (BLOCK_M, BLOCK_N, num_warps, num_stages), chosen with the compile report: see
 # the book's page "What the compiler makes of a kernel" and tests/test_compile_report.py.
 # BLOCK_N divides BLOCK_M, so that the diagonal band of a query block is whole key blocks.
-CONFIGS = ((128, 64, 8, 3), (64, 64, 4, 3), (128, 32, 4, 3))
+CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3))
 INTERPRETER_CONFIG = (64, 32, 4, 1)
 MAX_HEAD = 128
 

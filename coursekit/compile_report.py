@@ -207,6 +207,7 @@ class TargetReport:
     local: int | None = None
     shared: int | None = None           # per program: Triton's dynamic allocation plus static shared memory
     mma: dict = dataclasses.field(default_factory=dict)    # tensor-core instruction -> count in the binary
+    cpu_seconds: float | None = None    # what compiling and reading the binary cost
     artefacts: dict = dataclasses.field(default_factory=dict)
 
     @property
@@ -242,6 +243,22 @@ class TargetReport:
         return None
 
 
+    def summary(self):
+        """One line for a reader: what this GPU gets, or why it gets nothing."""
+        problem = self.problem()
+        if not self.compiles:
+            return f"{self.target} ({self.arch}): {problem}"
+        occ = self.occupancy
+        spills = (f"spills {self.spill_stores} bytes per thread to local memory" if self.spills
+                  else "no spills")
+        mma = ", ".join(f"{k} x{v}" for k, v in self.mma.items()) or "no tensor-core instructions"
+        text = (f"{self.target} ({self.arch}): {self.registers} registers per thread, {spills}, "
+                f"{_kib(self.shared)} of {_kib(self.shared_limit)} KiB shared memory, {mma}, "
+                f"{occ.warps_per_sm} of {occ.max_warps_per_sm} warps resident per multiprocessor "
+                f"(limited by {occ.limited_by})")
+        return text + (f"; {problem}" if problem else "")
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelReport:
     kernel: str
@@ -257,6 +274,10 @@ class KernelReport:
 
     def render(self):
         return render([self])
+
+    def feedback(self):
+        """A few lines for a student: the kernel and its launch, then one line per GPU."""
+        return "\n".join([f"{self.kernel} [{self.spec.label()}]"] + ["  " + t.summary() for t in self.targets])
 
 
 def _kib(n):

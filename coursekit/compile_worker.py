@@ -12,6 +12,7 @@ import io
 import json
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -211,6 +212,12 @@ def compile_job(job, kernels, workdir):
     return record
 
 
+def _cpu_seconds():
+    """CPU time of this process and of the tools it ran (ptxas, cuobjdump)."""
+    own, tools = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + tools.ru_utime + tools.ru_stime
+
+
 def main():
     """Serve jobs from stdin until it closes. Results go to the original stdout;
     anything else printed (by Triton, ptxas or MLIR) is kept out of it."""
@@ -226,7 +233,9 @@ def main():
                 record = {"target": job["target"], "compiles": None, "error": problem}
             else:
                 try:
+                    before = _cpu_seconds()
                     record = compile_job(job, kernels, workdir)
+                    record["cpu_seconds"] = round(_cpu_seconds() - before, 2)
                 except Exception:   # noqa: BLE001 - a fault here must not lose the other jobs
                     record = {"target": job["target"], "compiles": False,
                               "error": "the compile report failed: " + traceback.format_exc()[-_MESSAGE_LIMIT:]}

@@ -234,6 +234,12 @@ def test_render_states_every_target_and_explains_failures():
     assert "k [fp16, B=64, 4 warps, 3 stages]" in text and "HGMMA 8" in text and "20/64 warps (registers)" in text   # 90 * 32 -> 3072 a warp: 21, so 20 warps
     assert "k on A100: does not compile: f.py:7 (k): boom" in text
     assert "not tried" in text and "k on T4: not compiled here: this Triton installation has no NVIDIA" in text
+    lines = cr.KernelReport("k", spec, (ok, bad, missing)).feedback().splitlines()
+    assert lines[0] == "k [fp16, B=64, 4 warps, 3 stages]"
+    assert lines[1] == ("  H100 (sm_90a): 90 registers per thread, no spills, 10.0 of 227.0 KiB shared memory, "
+                        "HGMMA x8, 20 of 64 warps resident per multiprocessor (limited by registers)")
+    assert lines[2] == "  A100 (sm_80): does not compile: f.py:7 (k): boom"
+    assert lines[3].startswith("  T4 (sm_75): not compiled here: this Triton installation has no NVIDIA")
 
 
 def test_without_an_nvidia_back_end_the_report_says_so(monkeypatch):
