@@ -14,7 +14,9 @@ the changes that Triton's fused-attention tutorial (06) makes for speed:
   spills for an A100 and an H100 and using the H100's warpgroup MMA (HGMMA).
 
 It does not use the tensor memory accelerator (TMA), which the tutorial uses on
-Hopper. Under Triton's interpreter (no GPU) autotuning has nothing to measure:
+Hopper. On a T4 (64 KiB of shared memory per program) the 128-row
+configurations need more than that for d = 128; Triton's autotuner times a
+configuration that cannot launch as infinitely slow, so the 64-row one runs there. Under Triton's interpreter (no GPU) autotuning has nothing to measure:
 the kernel is then declared with one configuration."""
 import math
 

@@ -41,18 +41,20 @@ def book_launches():
     return log.distinct()
 
 
-def tuned_launches(heads=(64, 128), dtype=torch.float16, n=BENCHMARK_SHAPE[2]):
+def tuned_launches(heads=(64, 128), causal=(True,), dtype=torch.float16, n=BENCHMARK_SHAPE[2]):
     """Every configuration the tuned kernel may be autotuned to, for head
-    dimensions `heads`, causal or not, on a length that is a multiple of every block."""
+    dimensions `heads`, on a length that is a multiple of every block. Causal by
+    default: at such a length the non-causal kernel is the causal kernel's first
+    loop (unmasked key blocks) alone."""
     kernel = flash_tuned._tuned_forward_kernel
     launches = []
     for head in heads:
         x = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n, head, dtype=dtype)
         lse = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n)
         args = (x, x, x, x, lse, n, head, BENCHMARK_SHAPE[1], 1.0) + tuple(x.stride()[:3]) * 4
-        for causal in (False, True):
+        for is_causal in causal:
             for block_m, block_n, warps, stages in flash_tuned.CONFIGS:
-                spec = specialise(kernel, *args, HEAD=head, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
+                spec = specialise(kernel, *args, HEAD=head, CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n,
                                   EVEN_N=n % block_m == 0, EVEN_D=True, num_warps=warps, num_stages=stages)
                 launches.append(Launch(kernel, spec))
     return launches
@@ -60,13 +62,13 @@ def tuned_launches(heads=(64, 128), dtype=torch.float16, n=BENCHMARK_SHAPE[2]):
 
 def solution_launches(kernels):
     """The instructor's backward and decoding kernels (autograde.solution_kernels)
-    as the benchmark launches them (float16) and as the tests run them (float32)."""
+    as the benchmark, and the grader on a GPU, launch them: float16, causal or not,
+    grouped-query heads for decoding. (Float32 is what they get in the interpreter.)"""
     with record_launches(execute=False) as log:
-        for dtype, causals in ((torch.float16, (False, True)), (torch.float32, (False,))):
-            x = _empty(*BENCHMARK_SHAPE, dtype=dtype)
-            lse = _empty(*BENCHMARK_SHAPE[:3])
-            for causal in causals:
-                kernels.flash_attention_backward(x, x, x, x, lse, x, causal)
-            q, cache = _empty(8, 32, 128, dtype=dtype), _empty(8, 8, 4096, 128, dtype=dtype)
-            kernels.decode_attention(q, cache, cache, torch.full((8,), 4096, dtype=torch.int32))
+        x = _empty(*BENCHMARK_SHAPE, dtype=torch.float16)
+        lse = _empty(*BENCHMARK_SHAPE[:3])
+        for causal in (False, True):
+            kernels.flash_attention_backward(x, x, x, x, lse, x, causal)
+        q, cache = _empty(8, 32, 128, dtype=torch.float16), _empty(8, 8, 4096, 128, dtype=torch.float16)
+        kernels.decode_attention(q, cache, cache, torch.full((8,), 4096, dtype=torch.int32))
     return log.distinct()

@@ -37,6 +37,7 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from coursekit.compile_worker import backend_problem
 from coursekit.gpu_targets import TARGETS, occupancy
 from coursekit.kernel_source import _literal, describe, raw_function
 
@@ -316,10 +317,30 @@ def render(reports):
 _MEMORY = {}
 
 
-def _cache_key(description, job_spec, target, artefacts):
+def _without_location(description):
+    """The description with the functions' files and line numbers left out (they
+    change the compiler's messages, not what it makes of a kernel that compiles)."""
+    order, todo = {}, [description["root"]]
+    while todo:
+        key = todo.pop(0)
+        if key in order:
+            continue
+        order[key] = f"f{len(order)}"
+        todo += [g["function"] for g in description["functions"][key]["globals"].values() if "function" in g]
+    functions = {}
+    for key, name in order.items():
+        entry = description["functions"][key]
+        functions[name] = {**{k: v for k, v in entry.items() if k not in ("filename", "firstlineno", "globals")},
+                           "globals": {g: ({"function": order[v["function"]]} if "function" in v else v)
+                                       for g, v in entry["globals"].items()}}
+    return functions
+
+
+def _cache_key(description, job_spec, target, artefacts, located=True):
     import triton
 
-    text = json.dumps([REPORT_VERSION, triton.__version__, description, job_spec, target, sorted(artefacts)],
+    kernel = description if located else _without_location(description)
+    text = json.dumps([REPORT_VERSION, triton.__version__, kernel, job_spec, target, sorted(artefacts)],
                       sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()
 
@@ -334,7 +355,7 @@ def _disk_get(cache_dir, key):
 
 
 def _disk_put(cache_dir, key, record):
-    if cache_dir is None or record.get("compiles") is None:
+    if cache_dir is None or not record.get("compiles"):     # failures are quick to reproduce: not kept
         return
     path = Path(cache_dir)
     path.mkdir(parents=True, exist_ok=True)
@@ -407,7 +428,10 @@ class _Worker:
 
 
 def default_workers():
-    return max(1, min(4, len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1))
+    """Two compiling processes, or one on a single core: each also starts ptxas and
+    cuobjdump, and a sandbox may limit how many processes a student's code has."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, min(2, cores))
 
 
 def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None, workers=None, timeout=600):
@@ -427,13 +451,21 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
         description = descriptions[id(fn)]
         job_spec = launch.spec.as_job(list(_arg_names(fn)))
         for target in targets:
+            # in this process by kernel, location and launch; on disk (successes only) without the location
             key = _cache_key(description, job_spec, target, artefacts)
-            record = _MEMORY.get(key) or _disk_get(cache_dir, key)
+            disk_key = _cache_key(description, job_spec, target, artefacts, located=False)
+            record = _MEMORY.get(key) or _disk_get(cache_dir, disk_key)
             if record is not None:
                 _MEMORY[key] = records[i, target] = record
             else:
-                jobs.append(((i, target), key, {"id": key, "kernel": description, "spec": job_spec,
-                                                "target": target, "artefacts": list(artefacts)}))
+                jobs.append(((i, target), (key, disk_key), {"id": key, "kernel": description, "spec": job_spec,
+                                                            "target": target, "artefacts": list(artefacts)}))
+    problem = backend_problem() if jobs else None
+    if problem:                   # say so for every target, without starting anything
+        for slot, _, payload in jobs:
+            records[slot] = {"target": payload["target"], "arch": TARGETS[payload["target"]].arch,
+                             "compiles": None, "error": problem}
+        jobs = []
     if jobs:
         # slowest targets first, so that the last job to finish is a short one
         jobs.sort(key=lambda job: TARGETS[job[2]["target"]].capability)
@@ -445,7 +477,7 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
                 pool.put(_Worker(os.path.join(workdir, str(n))))
 
             def run(job):
-                slot, key, payload = job
+                slot, (key, disk_key), payload = job
                 worker = pool.get()
                 try:
                     record = worker.run(payload, timeout)
@@ -453,7 +485,7 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
                     pool.put(worker)
                 if record.get("compiles") is not None and "took longer" not in (record.get("error") or ""):
                     _MEMORY[key] = record
-                    _disk_put(cache_dir, key, record)
+                    _disk_put(cache_dir, disk_key, record)
                 return slot, record
 
             try:

@@ -158,7 +158,7 @@ def _binary_report(cubin, name, workdir):
     return registers, stack, static_shared, local, sass
 
 
-def compile_job(job, kernels, workdir):
+def compile_job(job, workdir):
     """One record: compiles or not (with the compiler's message), registers, spills,
     shared memory, tensor-core instructions; the IR and SASS texts asked for."""
     import triton
@@ -170,11 +170,10 @@ def compile_job(job, kernels, workdir):
     spec = job["spec"]
     record = {"target": target.name, "arch": target.arch, "num_warps": spec["options"].get("num_warps", 4),
               "num_stages": spec["options"].get("num_stages", 3), "compiles": False}
-    key = json.dumps(job["kernel"], sort_keys=True)
     try:
-        if key not in kernels:
-            kernels[key] = rebuild(job["kernel"])
-        kernel = kernels[key]
+        # rebuilt for every job: Triton checks a function's references once and
+        # remembers it, so a kernel compiled again would fail with another message
+        kernel = rebuild(job["kernel"])
     except Exception as e:          # noqa: BLE001 - reported to the reader, whatever it is
         record["error"] = f"the kernel could not be rebuilt for compiling: {type(e).__name__}: {e}"[:_MESSAGE_LIMIT]
         return record
@@ -225,7 +224,6 @@ def main():
     os.dup2(2, 1)
     sys.stdout = sys.stderr
     problem = backend_problem()
-    kernels = {}
     with tempfile.TemporaryDirectory() as workdir:
         for line in sys.stdin:
             job = json.loads(line)
@@ -234,7 +232,7 @@ def main():
             else:
                 try:
                     before = _cpu_seconds()
-                    record = compile_job(job, kernels, workdir)
+                    record = compile_job(job, workdir)
                     record["cpu_seconds"] = round(_cpu_seconds() - before, 2)
                 except Exception:   # noqa: BLE001 - a fault here must not lose the other jobs
                     record = {"target": job["target"], "compiles": False,

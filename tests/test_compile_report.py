@@ -60,11 +60,34 @@ def test_nothing_spills_on_a100_or_h100(chapter4_reports, group):
     assert not spills, "\n".join(spills)
 
 
+def _over(t):
+    return t.shared > t.shared_limit and f"{t.shared} bytes of shared memory, over {t.shared_limit}"
+
+
 @needs_backend
-@pytest.mark.parametrize("group", ["book", "tuned", "solutions"])
+@pytest.mark.parametrize("group", ["book", "solutions"])
 def test_shared_memory_fits_every_target(chapter4_reports, group):
-    over = _failures(chapter4_reports[group], lambda t: t.shared > t.shared_limit and f"{t.shared} bytes")
+    over = _failures(chapter4_reports[group], _over)
     assert not over, "\n".join(over)
+
+
+@needs_backend
+def test_tuned_configurations_fit_or_the_autotuner_skips_them(chapter4_reports):
+    """Every configuration fits an A100, an L4 and an H100. A T4 allows a program
+    64 KiB: Triton's autotuner times a configuration that cannot launch there as
+    infinitely slow, so each launch needs one configuration that fits."""
+    from bookutils.flash_tuned import CONFIGS
+
+    reports = chapter4_reports["tuned"]
+    over = _failures(reports, _over, ("A100", "L4", "H100"))
+    assert not over, "\n".join(over)
+    per_launch = {}
+    for r in reports:
+        c = dict(r.spec.constexprs)
+        per_launch.setdefault((c["HEAD"], c["CAUSAL"]), []).append(not _over(r["T4"]))
+    assert all(len(fits) == len(CONFIGS) and any(fits) for fits in per_launch.values()), per_launch
+    too_big = {dict(r.spec.constexprs)["BLOCK_M"] for r in reports if _over(r["T4"])}
+    assert too_big <= {128}, "only 128-row configurations may be too big for a T4 (bookutils/flash_tuned.py says so)"
 
 
 @needs_backend
@@ -83,6 +106,18 @@ def test_benchmark_forward_kernel_uses_warpgroup_mma_on_h100(chapter4_reports):
 def test_every_tuned_configuration_uses_warpgroup_mma_on_h100(chapter4_reports):
     without = [r.spec.label() for r in chapter4_reports["tuned"] if r["H100"].mma_kind != "HGMMA"]
     assert not without, without
+
+
+@needs_backend
+def test_benchmark_command_prints_the_compile_table(chapter4_reports, capsys):
+    """`./scripts/benchmark --compile`: the same launches, answered from this session's results."""
+    from bookutils import benchmark
+
+    benchmark.main(["--compile"])
+    out = capsys.readouterr().out
+    for report in [r for reports in chapter4_reports.values() for r in reports]:
+        assert f"{report.kernel} [{report.spec.label()}]" in out
+    assert out.count("H100 sm_90a") == sum(len(reports) for reports in chapter4_reports.values())
 
 
 @needs_backend
@@ -245,8 +280,21 @@ def test_render_states_every_target_and_explains_failures():
 def test_without_an_nvidia_back_end_the_report_says_so(monkeypatch):
     from triton import backends
 
+    from bookutils.triton_demo import add_kernel
+
     monkeypatch.delitem(backends.backends, "nvidia")
-    assert "no NVIDIA back end" in backend_problem()
+    problem = backend_problem()
+    assert "no NVIDIA back end" in problem
+
+    def no_compiling(*args, **kwargs):
+        raise AssertionError("a compiling process was started")
+
+    monkeypatch.setattr(cr._Worker, "run", no_compiling)
+    monkeypatch.setattr(cr, "_MEMORY", {})
+    x = torch.empty(16)
+    report = cr.compile_report(add_kernel, cr.specialise(add_kernel, x, x, x, 16, BLOCK=16))
+    assert [t.compiles for t in report.targets] == [None] * 4
+    assert all(t.problem() == "not compiled here: " + problem for t in report.targets)
 
 
 @needs_backend
@@ -265,6 +313,27 @@ def test_results_are_cached_in_memory_and_on_disk(tmp_path, monkeypatch):
     assert cr.compile_report(add_kernel, spec, targets=("A100",)) == first          # this process
     monkeypatch.setattr(cr, "_MEMORY", {})
     assert cr.compile_report(add_kernel, spec, targets=("A100",), cache_dir=tmp_path) == first   # disk
+
+
+def test_the_disk_cache_ignores_where_a_kernel_is_but_not_what_it_says():
+    import copy
+
+    from bookutils.triton_kernels import _flash_forward_kernel
+    from coursekit.kernel_source import describe
+
+    description = describe(_flash_forward_kernel)
+    moved = copy.deepcopy(description)
+    for entry in moved["functions"].values():
+        entry["filename"], entry["firstlineno"] = "<cell 3>", entry["firstlineno"] + 40
+    edited = copy.deepcopy(description)
+    edited["functions"][edited["root"]]["source"] = edited["functions"][edited["root"]]["source"].replace(
+        "tl.exp(m - m_new)", "tl.exp2(m - m_new)")
+
+    def key(d, located):
+        return cr._cache_key(d, {"spec": 1}, "H100", (), located=located)
+
+    assert key(moved, False) == key(description, False) and key(moved, True) != key(description, True)
+    assert key(edited, False) != key(description, False)
 
 
 @needs_backend
