@@ -68,5 +68,32 @@ def load(folder=RESULTS_DIR):
 def label(record):
     """Where and when, in words: 'NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.4), 2026-05-01 UTC'."""
     device = record["device"]
-    details = ", ".join(f"{k} {device[k]}" for k in ("driver", "cuda") if device.get(k))
+    details = ", ".join(f"{word} {device[k]}" for k, word in (("driver", "driver"), ("cuda", "CUDA")) if device.get(k))
     return f"{device['name']}{f' ({details})' if details else ''}, {record['date'][:10]} UTC"
+
+
+def gpu_records(folder=RESULTS_DIR):
+    """The committed files measured on a GPU, as (file name, record)."""
+    return [(name, record) for name, record in load(folder) if record["device"]["type"] == "cuda"]
+
+
+def forward_figure(records):
+    """One panel per (file name, record): forward TFLOP/s against N, a line per method,
+    titled with where and when it was measured."""
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(records), figsize=(5.5 * len(records), 4.0), squeeze=False)
+    for ax, (name, record) in zip(axes[0], records):
+        rows = record["tables"].get("forward", [])
+        for method in dict.fromkeys(r["method"] for r in rows):
+            mine = [r for r in rows if r["method"] == method]
+            ax.plot([r["n"] for r in mine], [r["tflops"] for r in mine], "o-", label=method)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("sequence length $N$")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{label(record)}\ncausal={record['settings']['causal']} ({name})", fontsize=8)
+        ax.legend(fontsize=7)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    return fig
