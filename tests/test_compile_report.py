@@ -230,6 +230,20 @@ def test_record_launches_sees_every_launch_and_can_leave_kernels_unrun():
     assert (JITFunction.run, interpreter.InterpretedFunction.run) == originals
 
 
+def test_record_launches_works_inside_the_kernel_trace():
+    """The grader traces hidden tests with trace_kernels; the launches can be recorded at the same time."""
+    from bookutils.triton_demo import add_kernel
+    from coursekit.triton_trace import interpreting, trace_kernels
+
+    x, out = torch.ones(100), torch.zeros(100)
+    with trace_kernels() as trace, cr.record_launches() as launches:
+        add_kernel[(4,)](x, x, out, 100, BLOCK=32)
+    assert trace.launches["add_kernel"] == 1 and len(launches) == 1
+    if interpreting():
+        assert trace.bytes_loaded == 2 * 100 * 4
+    torch.testing.assert_close(out, 2 * x)
+
+
 @pytest.mark.parametrize("target, registers, shared, warps, expected_warps, limit", [
     ("A100", 32, 0, 4, 64, "warps"),               # 16 programs of 4 warps fill the 64 warp slots
     ("H100", 255, 0, 4, 8, "registers"),           # 255 * 32 -> 8192 registers a warp: 8 warps of 65536
