@@ -15,6 +15,9 @@ import torch
 from coursekit import compile_report as cr
 from coursekit.compile_worker import backend_problem, sass_opcodes, tensor_core_instructions
 from coursekit.gpu_targets import TARGETS, occupancy
+from coursekit.triton_env import triton_device
+
+DEVICE = triton_device(quiet=True)
 
 NO_BACKEND = backend_problem()
 needs_backend = pytest.mark.skipif(NO_BACKEND is not None, reason=str(NO_BACKEND))
@@ -134,11 +137,10 @@ def test_the_books_default_blocks_get_no_warpgroup_mma_on_h100(chapter4_reports)
 def planted_reports():
     from tests import planted_kernels as pk
 
-    x = torch.randn(100)
-    with cr.record_launches() as launches:
+    x = torch.randn(100, device=DEVICE)
+    with cr.record_launches(execute=False) as launches:      # on a GPU the planted ones would not compile
         for kernel in (pk.numpy_exp_kernel, pk.plain_helper_kernel, pk.nested_numpy_kernel, pk.correct_exp_kernel):
-            out = torch.empty(100)
-            kernel[(2,)](x, out, 100, BLOCK=64)
+            kernel[(2,)](x, torch.empty_like(x), 100, BLOCK=64)
     reports = cr.compile_reports(launches.distinct(), targets=FAST)
     return {r.kernel: r for r in reports}
 
@@ -215,14 +217,14 @@ def test_record_launches_sees_every_launch_and_can_leave_kernels_unrun():
     from bookutils.triton_demo import add_kernel
 
     originals = JITFunction.run, interpreter.InterpretedFunction.run
-    x, out = torch.ones(100), torch.zeros(100)
+    x, out = torch.ones(100, device=DEVICE), torch.zeros(100, device=DEVICE)
     with cr.record_launches(execute=False) as launches:
         add_kernel[(4,)](x, x, out, 100, BLOCK=32)
         add_kernel[(4,)](x, x, out, 100, BLOCK=32)
         add_kernel[(2,)](x, x, out, 100, BLOCK=64)
     assert [launch.spec.kernel for launch in launches] == ["add_kernel"] * 3
     assert [dict(launch.spec.constexprs)["BLOCK"] for launch in launches.distinct()] == [32, 64]
-    assert torch.equal(out, torch.zeros(100))                   # nothing ran
+    assert torch.equal(out, torch.zeros_like(out))              # nothing ran
     with cr.record_launches() as launches:
         add_kernel[(4,)](x, x, out, 100, BLOCK=32)
     torch.testing.assert_close(out, 2 * x)
@@ -235,7 +237,7 @@ def test_record_launches_works_inside_the_kernel_trace():
     from bookutils.triton_demo import add_kernel
     from coursekit.triton_trace import interpreting, trace_kernels
 
-    x, out = torch.ones(100), torch.zeros(100)
+    x, out = torch.ones(100, device=DEVICE), torch.zeros(100, device=DEVICE)
     with trace_kernels() as trace, cr.record_launches() as launches:
         add_kernel[(4,)](x, x, out, 100, BLOCK=32)
     assert trace.launches["add_kernel"] == 1 and len(launches) == 1
