@@ -26,6 +26,7 @@ directory (argument or COURSEKIT_COMPILE_CACHE), on disk."""
 import contextlib
 import dataclasses
 import hashlib
+import inspect
 import json
 import os
 import queue
@@ -100,7 +101,6 @@ def specialise(kernel, *args, **kwargs):
     (only their dtype and alignment matter)."""
     from triton.backends.compiler import BaseBackend
     from triton.runtime.jit import KernelParam, create_function_from_signature
-    import inspect
 
     fn = raw_function(kernel)
     options = {k: kwargs.pop(k) for k in list(kwargs) if k in OPTION_NAMES}
@@ -111,11 +111,10 @@ def specialise(kernel, *args, **kwargs):
                                              "do_not_specialize_on_alignment":
                                                  getattr(jit, "do_not_specialize_on_alignment", None)}
     signature = inspect.signature(fn)
-    params = []
-    for i, param in enumerate(signature.parameters.values()):
-        dns = [x for x in (flags.get("do_not_specialize") or ())]
-        dnsa = [x for x in (flags.get("do_not_specialize_on_alignment") or ())]
-        params.append(KernelParam(i, param, i in dns or param.name in dns, i in dnsa or param.name in dnsa))
+    dns = list(flags.get("do_not_specialize") or ())
+    dnsa = list(flags.get("do_not_specialize_on_alignment") or ())
+    params = [KernelParam(i, p, i in dns or p.name in dns, i in dnsa or p.name in dnsa)
+              for i, p in enumerate(signature.parameters.values())]
     unknown = [k for k in kwargs if k not in signature.parameters]
     if unknown:
         raise TypeError(f"{fn.__name__} has no argument {unknown[0]!r}")
@@ -200,7 +199,7 @@ class TargetReport:
     num_warps: int = 4
     num_stages: int = 3
     registers: int | None = None        # per thread
-    spill_stores: int | None = None     # bytes written to local memory per thread, as ptxas counts
+    spill_stores: int | None = None     # bytes of spill stores to local memory, as ptxas -v reports them
     spill_loads: int | None = None
     local_stores: int = 0               # STL / LDL instructions in the binary
     local_loads: int = 0
@@ -242,7 +241,6 @@ class TargetReport:
         if self.shared > self.shared_limit:
             return f"needs {self.shared} bytes of shared memory per program, over the {self.shared_limit} available"
         return None
-
 
     def summary(self):
         """One line for a reader: what this GPU gets, or why it gets nothing."""
@@ -504,8 +502,6 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
 
 
 def _arg_names(fn):
-    import inspect
-
     return inspect.signature(fn).parameters
 
 
