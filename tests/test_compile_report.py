@@ -7,7 +7,7 @@ every configuration of the tuned kernel use the H100's warpgroup MMA. Kernels
 that only Triton's interpreter accepts are reported as not compiling, with the
 line. Plus the report's own parts: specialisation, occupancy, cache, rendering.
 
-The compiles run once per session (two processes at a time); set
+The compiles run once per test run (two processes at a time); set
 COURSEKIT_COMPILE_CACHE to a folder to keep them between runs."""
 import pytest
 import torch
@@ -113,7 +113,7 @@ def test_every_tuned_configuration_uses_warpgroup_mma_on_h100(chapter4_reports):
 
 @needs_backend
 def test_benchmark_command_prints_the_compile_table(chapter4_reports, capsys):
-    """`./scripts/benchmark --compile`: the same launches, answered from this session's results."""
+    """`./scripts/benchmark --compile`: the same launches, answered from this test run's results."""
     from bookutils import benchmark
 
     benchmark.main(["--compile"])
