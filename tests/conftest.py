@@ -71,8 +71,11 @@ def pytest_collection_modifyitems(config, items):
         if shared and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(f"{item.path.name}:{shared[0]}"))
     # The longest first, so that on several workers none of them starts last:
-    # the release's book build, then what grades or runs the sandbox, then the quick tests.
-    items.sort(key=lambda item: (item.get_closest_marker("slow") is None, item.path.name in QUICK))
+    # the file with the release's book build, then what grades or runs the
+    # sandbox, then the quick tests. Files keep their own order (a test may
+    # leave files in a module fixture's folder that an earlier one must not see).
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in slow_files, item.path.name in QUICK))
 
 
 def _scope(item, name):
