@@ -15,6 +15,7 @@ A page gives a symbol a meaning in three ways, and each has its rule:
 A symbol with a subscript that names something else (d_k, B_r, n_q, N_B) is
 another symbol and is not checked; subscripts that index (L_i, M_{ij}) are the
 same symbol."""
+import json
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,9 +26,11 @@ INDEX_SUBSCRIPTS = {"i", "j", "ij", "t"}
 ARTICLES = {"of", "the", "a", "an", "its", "their", "each", "every", "all", "this", "that", "size", "number"}
 # Words after a symbol that introduce what it names: "$B$ is the batch size", "$N$ for the length".
 DEFINING = {"is", "are", "be", "denotes", "denote", "stands", "means", "for"}
-# Words that end a run of nouns after a symbol: "$P$ in memory" does not call P a memory.
-LINKS = {"in", "on", "at", "to", "from", "with", "by", "into", "over", "per", "as", "and", "or", "than",
-         "that", "which", "where", "when", "while", "like"}
+# Nouns that count things without saying what they are: "$H$ key rows" counts rows of keys.
+GENERIC = {"values", "numbers", "entries", "rows", "columns", "elements", "items", "copies", "times", "pairs"}
+# Words that start something other than a noun phrase after a symbol.
+LINKS = {"and", "or", "in", "on", "at", "to", "from", "with", "by", "into", "over", "per", "as", "than", "that",
+         "which", "where", "when", "while", "like", "of"}
 
 
 @dataclass(frozen=True)
@@ -55,7 +58,7 @@ RULES = {
                 equals=r"(\\sqrt\{d(_k|_h)?\}|\d|1\s*/\s*\d)",
                 forbidden=((r"\\tau(\s*\\[,;:!])*\s*(\\cdot\s*)?([A-Za-z(]|\\frac|\\sqrt)",
                             "multiplies what follows it (a temperature divides the scores)"),)),
-    "D": Rule("D", _w("sums sum vector"),
+    "D": Rule("D", _w("sums sum"),
               equals=r"(\\operatorname\{rowsum\}|\\sum|dO)",
               forbidden=((r"(\d|\^\{?\d\}?|\\cdot)\s*D(?![A-Za-z_])", "is a factor of a count (a dimension)"),
                          (r"D(?![A-Za-z_])\s*\\cdot", "is a factor of a count (a dimension)"))),
@@ -161,12 +164,15 @@ def words_after(prose, end):
     if words and words[0].lower() in DEFINING:
         words = [w for w in words[1:] if w.lower() not in ARTICLES]
         return [words[0].lower()] if words and words[0].lower() in MEANING_WORDS else []
-    compound = []
-    for word in words[:2]:
-        if word.lower() in ARTICLES or word.lower() in DEFINING or word.lower() in LINKS:
-            break
-        compound.append(word.lower())
-    return compound[-1:] if compound and compound[-1] in MEANING_WORDS else []
+    first, second = (words + ["", ""])[:2]
+    first, second = first.lower(), second.lower()
+    if first in LINKS:                              # "$d = 64$ and query blocks": not a noun phrase
+        return []
+    if second in MEANING_WORDS:                     # "$H$ query heads": the second noun is the head
+        return [second]
+    if second in GENERIC:                           # "$H$ key rows", "$N$ log-sum-exp values"
+        return []
+    return [first] if first in MEANING_WORDS else []
 
 
 def check_page(page, rules=RULES):
@@ -212,3 +218,10 @@ def table_symbols(notation_text):
 
 def book_pages(book):
     return sorted(p for p in Path(book).rglob("*.md") if "_build" not in p.parts)
+
+
+def notebook_page(path, name=None):
+    """The markdown cells of a notebook on the site (an exercise as students receive it), as one page."""
+    cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
+    text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+    return page_of(text, name or str(path))

@@ -7,15 +7,22 @@ import pytest
 import yaml
 
 from tests.conftest import REPO
-from tests.notation_check import RULES, book_pages, check_page, page_of, read_page, table_symbols
+from tests.notation_check import RULES, book_pages, check_page, notebook_page, page_of, read_page, table_symbols
 
 BOOK = REPO / "book"
 NOTATION = BOOK / "notation.md"
 CHAPTERS = ["principles", "variants", "complexity", "flash"]
 
 
+def site_pages():
+    """Every page of the site: the book's and the exercise notebooks as students receive them."""
+    yield from (read_page(path, str(path.relative_to(REPO))) for path in book_pages(BOOK))
+    yield from (notebook_page(path, str(path.relative_to(REPO)))
+                for path in sorted((REPO / "exercises").glob("*/*.ipynb")))
+
+
 def test_no_page_gives_a_symbol_another_meaning():
-    findings = [f for path in book_pages(BOOK) for f in check_page(read_page(path, str(path.relative_to(REPO))))]
+    findings = [f for page in site_pages() for f in check_page(page)]
     assert not findings, "symbols used with another meaning than book/notation.md gives them:\n" + "\n".join(
         str(f) for f in findings)
 
