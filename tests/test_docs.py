@@ -29,6 +29,7 @@ SCRIPT = re.compile(r"(?<![\w/.-])(?:\./)?scripts/([\w.-]+)")
 OPTION = re.compile(r"(?<![\w-])--[a-z][a-z0-9-]*")
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)\)")
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
+ROLE = re.compile(r"\{(\w+)\}`([^`\n]+)`")  # MyST roles: {doc}`flash/compiler`, {cite}`key`
 FENCE = re.compile(r"^```[^\n]*\n(.*?)^```", re.S | re.M)
 FILE_SUFFIX = re.compile(r"\.(md|py|ipynb|yml|yaml|toml|json|txt|sh|png|cfg)$")
 
@@ -39,7 +40,7 @@ def code_units(text):
     units = []
     for block in FENCE.findall(text):
         units += [line for line in block.split("\n") if line.strip()]
-    prose = FENCE.sub("", text)
+    prose = ROLE.sub("", FENCE.sub("", text))
     units += CODE_SPAN.findall(prose)
     return units
 
@@ -92,6 +93,10 @@ def problems(text, doc_dir, root, options_of):
             path = _path_like(token)
             if path and not _exists(path, doc_dir, root, tracked_names):
                 found.append(f"no file or folder {path} (in `{unit.strip()}`)")
+    for role, target in ROLE.findall(FENCE.sub("", text)):
+        target = re.sub(r"^.*<(.+)>$", r"\1", target)  # {doc}`the title <page>`
+        if role == "doc" and not any((doc_dir / (target + suffix)).exists() for suffix in (".md", ".ipynb")):
+            found.append(f"no page {target} (in {{doc}}`{target}`)")
     for target in LINK.findall(text):
         if target.startswith(("http://", "https://", "mailto:", "#")):
             continue
@@ -167,10 +172,11 @@ def test_the_checker_reports_each_kind_of_broken_reference():
         "```",
         "Pass `--frobnicate` to taste; the checks live in `autograde/chekcs/`.",
         "See [the guide](GUIDE_THAT_IS_NOT_THERE.md) and `tests/test_nothing.py`.",
+        "The page {doc}`flash/no_such_page` explains it.",
     ])
-    found = "\n".join(problems(planted, REPO, REPO, _options(REPO)))
+    found = "\n".join(problems(planted, REPO / "book", REPO, _options(REPO)))
     for broken in ["scripts/nope", "--no-such-option", "--frobnicate", "autograde/chekcs/",
-                   "GUIDE_THAT_IS_NOT_THERE.md", "tests/test_nothing.py"]:
+                   "GUIDE_THAT_IS_NOT_THERE.md", "tests/test_nothing.py", "flash/no_such_page"]:
         assert broken in found, f"{broken} was not reported:\n{found}"
 
 
@@ -182,5 +188,6 @@ def test_the_checker_accepts_what_exists():
         "```",
         "The checks live in `autograde/checks/`; see [the guide](../CONTRIBUTING.md) and `test_checks.py`.",
         "Options of any command: `--memory-limit`, `--causal`.",
+        "The page {doc}`the compiler <../book/flash/compiler>` explains it.",
     ])
     assert problems(fine, REPO / "tests", REPO, _options(REPO)) == []
