@@ -31,6 +31,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from autograde import draws
 from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, student_function
 from autograde.structure import is_test, nbgrader_of
 from student_runtime.torchless import USE as TORCH_USE
@@ -358,6 +359,7 @@ class NotebookRun:
         self._run_student_cell(cell, label)
 
     def run(self):
+        draws.grading([cell.source for cell in self.nb.cells if cell.cell_type == "code"])
         for sb in self._sandboxes():
             sb.start()
         try:

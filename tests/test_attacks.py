@@ -35,9 +35,9 @@ DISAGREE = "sandbox: memory measurements disagree"
 # attack -> (test cells it must lose, integrity reasons it must be flagged with)
 EXPECTED = {
     # The student's softmax is wrong, so everything built on it (attention, heads, the Jacobian)
-    # fails too; the patched allclose also blinds the student's own attention checks.
-    "allclose_patch": (SOFTMAX | SDPA | MHA | JVP | {"test_passes_attention_checks",
-                                                     "test_attention_checks_catch_bugs"},
+    # fails too; the patched allclose also blinds the student's own attention checks, which
+    # then accept the plainest mistake.
+    "allclose_patch": (SOFTMAX | SDPA | MHA | JVP | ATTENTION_CHECKS,
                        {"rebinds an attribute of a course library", "passed as submitted, failed when graded"}),
     "always_equal": (SOFTMAX | SDPA | MHA | JVP, set()),
     "always_equal_object": (GAP, set()),
