@@ -216,8 +216,9 @@ PRELOAD = [
     "coursekit.triton_env",
 ]
 # Importing Triton does not touch the GPU, so this template can still fork
-# children that start CUDA themselves.
-PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace"]
+# children that start CUDA themselves. coursekit.kernel_replay notes, as it is
+# imported, the libraries a replay of kernels runs through: before any student code.
+PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace", "coursekit.kernel_replay"]
 
 
 def _preload():
