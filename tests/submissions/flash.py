@@ -312,9 +312,12 @@ def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
     return dst
 """}
 
-# The number of chunks from the first sequence's length: a longer later sequence loses its tail.
-DECODE_CHUNKS_FROM_FIRST = edit("decode_attention", "num_chunks = triton.cdiv(max_len, chunk)",
-                                "num_chunks = triton.cdiv(int(cache_lens[0]), chunk)  # Bug: the first sequence's length")
+# The number of chunks from the first sequence's length: a longer later sequence loses its tail
+# once it needs more chunks than the first (chunks of 256: a later sequence past 256 shows it).
+DECODE_CHUNKS_FROM_FIRST = {"decode_attention": _edit(
+    "decode_attention", "num_chunks = triton.cdiv(max_len, chunk)",
+    "num_chunks = triton.cdiv(int(cache_lens[0]), chunk)  # Bug: the first sequence's length").replace(
+    "chunk = 64", "chunk = 256")}
 
 DECODE_ASSUMES_CONTIGUOUS = edit("decode_attention", "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))\n",
                                  "    # Bug: the kernels assume contiguous inputs\n")
