@@ -37,14 +37,17 @@ data that depends on the changed inputs adds the elements it reads or writes
 to `host_work`; the grader bounds it far below what attention's products need.
 
 Limits, said plainly. Kernel code under the interpreter is Python: a kernel
-that calls NumPy computes "in the kernel" here (the compile check rejects it).
+that calls NumPy computes "in the kernel" here (it does not compile for a GPU).
 Code the student left behind could act during the replay: the replay refuses
-to run when an attribute of Triton's interpreter and language, NumPy, PyTorch,
+to run when an attribute of Triton's interpreter, NumPy, PyTorch's Tensor,
 `inspect` or this module was rebound after they were imported (before any
 student code ran); it does not run the student's grid functions again (the
 recorded grids are used), and it runs with the garbage collector off, so no
 student finalizer runs in it. A thread the student left running is not
-excluded.
+excluded. The probe that asks for the replay must itself be the grader's (a
+student who rebinds the probes could answer for them): keeping the probes out
+of the student's reach is the sandbox's job.
+
 On a GPU nothing is recorded: kernels compile, and only launches are traced."""
 import contextlib
 
@@ -76,7 +79,7 @@ def _namespaces():
     and the parts of NumPy, PyTorch and the standard library it calls. (Not
     triton.language: the interpreter itself leaves some of its functions rebound
     after a launch. A kernel that relies on a patched triton.language does not
-    compile, which the compile check reports.)"""
+    compile for a GPU.)"""
     import inspect
     import sys
 

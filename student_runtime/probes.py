@@ -4,12 +4,10 @@ memory, Triton kernel launches and bytes, the PyTorch operators a launcher
 used, the calls a function makes to a helper, a launcher's call replayed on
 changed inputs. They return what they saw; the grader decides what it means.
 Nothing here knows an expected answer."""
-import contextlib
-
 import numpy as np
 
 from coursekit.memory import numpy_bytes_peak, traced_peak  # noqa: F401  (traced_peak is asked for by name)
-from student_runtime.calls import GradingFailure, call
+from student_runtime.calls import call
 
 
 def numpy_peak(fn, *args):
