@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import nbformat
 
+from autograde import draws
 from autograde.sandbox import EnvironmentFailure, Remote, Sandbox, SandboxLost, find_remote, student_function
 from autograde.structure import is_test, nbgrader_of
 
@@ -218,6 +219,7 @@ class NotebookRun:
         self._run_student_cell(cell, label)
 
     def run(self):
+        draws.grading([cell.source for cell in self.nb.cells if cell.cell_type == "code"])
         self.sandbox.start()
         try:
             for index, cell in enumerate(self.nb.cells):

@@ -1,11 +1,16 @@
-"""Benchmark of the FlashAttention kernel. With a CUDA GPU: TFLOP/s and peak
-memory of the Triton kernel, PyTorch's scaled_dot_product_attention with its
+"""Benchmark of the FlashAttention kernels. With a CUDA GPU: TFLOP/s and peak
+memory of the chapter's teaching kernel, its tuned version
+(bookutils.flash_tuned), PyTorch's scaled_dot_product_attention with its
 FlashAttention backend pinned, and naive PyTorch attention; then forward plus
 backward TFLOP/s and decoding latency against that backend. Without one: the
 peak CPU memory of the same computations (the kernels under Triton's
 interpreter). The backward and decoding kernels measured are the instructor's
 solutions of the chapter's exercises: where the course's grading package is
 absent (the student release) their rows are left out, and the output says why.
+`--save FILE` writes every row, with the device, driver, library versions and
+date, as JSON (bookutils.results); `--compile` prints instead what Triton's
+compiler makes of every kernel for a T4, an A100, an L4 and an H100
+(coursekit.compile_report), which needs no GPU.
 Run as `python -m bookutils.benchmark` (the README's `./scripts/benchmark`)."""
 import argparse
 import math
@@ -14,6 +19,7 @@ import torch
 
 from coursekit.memory import traced_peak
 from bookutils.backward import backward_flops, forward_flops
+from bookutils.flash_tuned import flash_forward_tuned
 from bookutils.triton_kernels import DEVICE, flash_forward
 
 NO_SOLUTIONS = ("the backward and decoding kernels are the solutions of Chapter 4's exercises: they are "
@@ -51,9 +57,34 @@ def triton_flash(q, k, v, causal=False):
     return flash_forward(q, k, v, causal=causal, block_m=64, block_n=64)[0]
 
 
+def triton_flash_tuned(q, k, v, causal=False):
+    return flash_forward_tuned(q, k, v, causal=causal)[0]
+
+
 GPU_METHODS = {"Triton kernel (this chapter)": triton_flash,
+               "Triton kernel, tuned": triton_flash_tuned,
                "SDPA, FLASH_ATTENTION backend": sdpa_flash,
                "naive PyTorch": naive_attention}
+
+
+def with_backward(forward, backward):
+    """attention(q, k, v, causal) differentiable: `forward` returns (O, logsumexp),
+    `backward` the instructor's flash_attention_backward."""
+    class Attention(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, q, k, v, causal):
+            o, lse = forward(q, k, v, causal=causal)
+            ctx.save_for_backward(q, k, v, o, lse)
+            ctx.causal = causal
+            return o
+
+        @staticmethod
+        def backward(ctx, do):
+            q, k, v, o, lse = ctx.saved_tensors
+            dq, dk, dv = backward(q, k, v, o, lse, do, ctx.causal)
+            return dq, dk, dv, None
+
+    return Attention.apply
 
 
 def attention_tflops(batch, heads, n, d, causal, seconds):
@@ -102,7 +133,10 @@ def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=4, heads=16, d=
     timer = timer or _do_bench
     methods = {"SDPA, FLASH_ATTENTION backend": sdpa_flash}
     if kernels is not None:
-        methods["instructor's kernels"] = lambda q, k, v, c: kernels.FlashAttention.apply(q, k, v, c, None)
+        teaching = lambda q, k, v, causal: flash_forward(q, k, v, causal=causal, block_m=64, block_n=64)  # noqa: E731
+        methods["teaching forward, instructor's backward"] = with_backward(teaching, kernels.flash_attention_backward)
+        methods["tuned forward, instructor's backward"] = with_backward(flash_forward_tuned,
+                                                                        kernels.flash_attention_backward)
     rows = []
     for n in sizes:
         q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -185,40 +219,69 @@ def _print_table(rows, columns):
         print("  ".join(f"{fmt(row):>{width}}" for _, fmt, width in columns))
 
 
+FORWARD_COLUMNS = [("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
+                   ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8),
+                   ("peak MiB", lambda r: f"{r['peak_mib']:.1f}", 9)]
+TRAINING_COLUMNS = [("method", lambda r: r["method"], 38), ("n", lambda r: r["n"], 6),
+                    ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8)]
+DECODE_COLUMNS = [("method", lambda r: r["method"], 30), ("batch", lambda r: r["batch"], 6),
+                  ("cache", lambda r: r["length"], 7), ("us", lambda r: f"{r['us']:.1f}", 9)]
+CPU_COLUMNS = [("method", lambda r: r["method"], 34), ("n", lambda r: r["n"], 6),
+               ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
+               ("n x n scores KiB", lambda r: f"{r['scores_bytes'] / 1024:.0f}", 17)]
+
+
+def compile_table():
+    """What Triton's compiler makes of every kernel for the four GPUs, printed."""
+    from coursekit.compile_report import compile_reports, render
+    from bookutils.kernel_launches import book_launches, solution_launches, tuned_launches
+
+    kernels, why = solution_kernels()
+    launches = book_launches() + tuned_launches() + (solution_launches(kernels) if kernels is not None else [])
+    print(render(compile_reports(launches)))
+    if kernels is None:
+        print(f"\nSolution kernels left out: {why}.")
+
+
 def main(argv=None):
+    from bookutils import results
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--causal", action="store_true", help="causal attention (FLOPs halved)")
+    parser.add_argument("--save", metavar="FILE", help="also write every row, the device and the versions as JSON")
+    parser.add_argument("--compile", action="store_true",
+                        help="print the compile report of every kernel for T4, A100, L4 and H100 instead")
     args = parser.parse_args(argv)
+    if args.compile:
+        compile_table()
+        return
+    tables = {}
+    kernels, why = solution_kernels()
+    shapes = "float16, batch 4, 16 heads, d = 64"
     if DEVICE == "cuda":
-        print(f"GPU: {torch.cuda.get_device_name()}; float16, batch 4, 16 heads, d = 64, causal={args.causal}")
-        _print_table(gpu_rows(causal=args.causal), [
-            ("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
-            ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8),
-            ("peak MiB", lambda r: f"{r['peak_mib']:.1f}", 9)])
+        print(f"GPU: {torch.cuda.get_device_name()}; {shapes}, causal={args.causal}")
+        tables["forward"] = gpu_rows(causal=args.causal)
+        _print_table(tables["forward"], FORWARD_COLUMNS)
+        print(f"\nForward + backward: {shapes}, causal={args.causal}")
+        tables["forward_backward"] = training_rows(kernels, causal=args.causal)
+        _print_table(tables["forward_backward"], TRAINING_COLUMNS)
+        print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
+        tables["decode"] = decode_rows(kernels)
+        _print_table(tables["decode"], DECODE_COLUMNS)
     else:
         print("No GPU: peak CPU memory of one head (d = 64, float32); the kernel runs in Triton's interpreter.")
-        _print_table(cpu_rows(), [
-            ("method", lambda r: r["method"], 28), ("n", lambda r: r["n"], 6),
-            ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
-            ("n x n scores KiB", lambda r: f"{r['scores_bytes'] / 1024:.0f}", 17)])
-    kernels, why = solution_kernels()
-    if DEVICE == "cuda":
-        print(f"\nForward + backward: float16, batch 4, 16 heads, d = 64, causal={args.causal}")
-        _print_table(training_rows(kernels, causal=args.causal), [
-            ("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
-            ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8)])
-        print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
-        _print_table(decode_rows(kernels), [
-            ("method", lambda r: r["method"], 30), ("batch", lambda r: r["batch"], 6),
-            ("cache", lambda r: r["length"], 7), ("us", lambda r: f"{r['us']:.1f}", 9)])
-    elif kernels is not None:
-        print("\nBackward pass: peak CPU memory of one head (d = 64, float32).")
-        _print_table(cpu_backward_rows(kernels), [
-            ("method", lambda r: r["method"], 34), ("n", lambda r: r["n"], 6),
-            ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
-            ("n x n scores KiB", lambda r: f"{r['scores_bytes'] / 1024:.0f}", 17)])
+        tables["cpu_memory"] = cpu_rows()
+        _print_table(tables["cpu_memory"], CPU_COLUMNS)
+        if kernels is not None:
+            print("\nBackward pass: peak CPU memory of one head (d = 64, float32).")
+            tables["cpu_backward_memory"] = cpu_backward_rows(kernels)
+            _print_table(tables["cpu_backward_memory"], CPU_COLUMNS)
     if kernels is None:
         print(f"\nBackward and decoding rows left out: {why}.")
+    if args.save:
+        results.save(args.save, tables, {"causal": args.causal, "dtype": "float16" if DEVICE == "cuda" else "float32",
+                                          "solution_kernels": kernels is not None})
+        print(f"\nSaved to {args.save}.")
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ for counting its memory traffic in Triton's interpreter (Chapter 4).
 P comes stored from the forward pass, and dP and dS are written to memory
 between kernels: this is the backward that FlashAttention avoids. Every
 product goes through one tiled matrix-product kernel whose operands are read
-through strides, so a transpose costs nothing."""
+through strides, so a transpose costs nothing. The kernels keep 32-bit offsets:
+they serve the small sizes a count in the interpreter can afford, and
+staged_backward refuses an n x n matrix of 2**31 elements or more."""
 import math
 
 import torch
@@ -66,6 +68,8 @@ def _product(a, b, alpha=1.0):
 def staged_backward(q, k, v, o, p, do):
     """(dQ, dK, dV) of one head, float32 (n, d) tensors, from the stored n x n P."""
     n, d = q.shape
+    if n * n >= 2**31:
+        raise ValueError(f"staged_backward: an n x n matrix for n = {n} is too large for 32-bit offsets")
     scale = 1.0 / math.sqrt(d)
     delta = torch.empty(n, device=q.device, dtype=torch.float32)
     _row_dot_kernel[(triton.cdiv(n, BLOCK),)](o, do, delta, n, d, BLOCK_M=BLOCK,

@@ -3,9 +3,10 @@ a CPU in seconds while the book builds. Everything is seeded and training runs
 on one thread, so rebuilding a page on the same machine shows the same numbers.
 
 The attention layer exposes the choices the book compares: the factor applied
-to the scores (1/sqrt(d_k), none, 1/d_k, or none with the factor folded into
-W_Q's initialisation), post-norm or pre-norm, and an optional learned position
-table. Each layer keeps its last attention weights for plotting."""
+to the scores (1/sqrt(d_k), none, 1/d_k, none with the factor folded into
+W_Q's initialisation, or queries and keys normalised first), post-norm or
+pre-norm, a causal mask, and an optional learned position table. Each layer
+keeps its last attention weights for plotting."""
 from contextlib import contextmanager
 
 import torch
@@ -19,14 +20,19 @@ class SelfAttention(nn.Module):
     """Multi-head self-attention with a configurable score scale.
 
     scale: "sqrt" divides the scores by sqrt(d_head), "none" leaves them raw,
-    "linear" divides by d_head (the muP choice), and "fold" leaves them raw but
+    "linear" divides by d_head (the muP choice), "fold" leaves them raw but
     draws W_Q with a standard deviation sqrt(d_head) times smaller, so that the
-    initial scores equal those of "sqrt" (the T5 choice)."""
+    initial scores equal those of "sqrt" (the T5 choice), and "qknorm" scales
+    each query and key to unit length and multiplies their dot product by a
+    learned factor that starts at sqrt(d_head), so that no score can exceed
+    that factor in size. causal=True lets query i see keys j <= i only."""
 
-    def __init__(self, d_model, n_heads, d_head, scale="sqrt"):
+    def __init__(self, d_model, n_heads, d_head, scale="sqrt", causal=False):
         super().__init__()
-        self.n_heads, self.d_head = n_heads, d_head
-        self.factor = {"sqrt": d_head ** -0.5, "none": 1.0, "linear": 1.0 / d_head, "fold": 1.0}[scale]
+        self.n_heads, self.d_head, self.causal, self.qk_norm = n_heads, d_head, causal, scale == "qknorm"
+        self.factor = {"sqrt": d_head ** -0.5, "none": 1.0, "linear": 1.0 / d_head, "fold": 1.0,
+                       "qknorm": 1.0}[scale]
+        self.gain = nn.Parameter(torch.tensor(float(d_head) ** 0.5)) if self.qk_norm else None
         self.q = nn.Linear(d_model, n_heads * d_head, bias=False)
         self.k = nn.Linear(d_model, n_heads * d_head, bias=False)
         self.v = nn.Linear(d_model, n_heads * d_head, bias=False)
@@ -42,7 +48,13 @@ class SelfAttention(nn.Module):
         b, n, _ = x.shape
         split = lambda t: t.view(b, n, self.n_heads, self.d_head).transpose(1, 2)  # (b, h, n, d_head)
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
-        w = torch.softmax(self.factor * q @ k.transpose(-1, -2), dim=-1)           # (b, h, n, n)
+        if self.qk_norm:
+            q, k = self.gain * F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        scores = self.factor * q @ k.transpose(-1, -2)                              # (b, h, n, n)
+        if self.causal:
+            scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
+        self.scores = scores.detach()
+        w = torch.softmax(scores, dim=-1)
         self.weights = w.detach()
         return self.out((w @ v).transpose(1, 2).reshape(b, n, -1))
 
@@ -51,10 +63,10 @@ class Block(nn.Module):
     """Attention and a ReLU feed-forward network in residual connections, with
     LayerNorm after each addition (post-norm) or before each sublayer (pre-norm)."""
 
-    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale):
+    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale, causal=False):
         super().__init__()
         self.pre_norm = pre_norm
-        self.attn = SelfAttention(d_model, n_heads, d_head, scale)
+        self.attn = SelfAttention(d_model, n_heads, d_head, scale, causal)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
 
@@ -74,13 +86,13 @@ class TinyTransformer(nn.Module):
     token representations."""
 
     def __init__(self, vocab, n_classes, n_targets=1, d_model=64, n_heads=2, n_layers=1, d_ff=128,
-                 max_len=None, pre_norm=True, d_head=None, scale="sqrt"):
+                 max_len=None, pre_norm=True, d_head=None, scale="sqrt", causal=False):
         super().__init__()
         self.n_targets, self.n_classes = n_targets, n_classes
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model) if max_len else None
         self.blocks = nn.ModuleList(Block(d_model, n_heads, d_head or d_model // n_heads, d_ff,
-                                          pre_norm, scale) for _ in range(n_layers))
+                                          pre_norm, scale, causal) for _ in range(n_layers))
         # A pre-norm stack leaves its residual stream unnormalised; normalise it once at the end.
         self.final_ln = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.readout = nn.Linear(d_model, n_targets * n_classes)
@@ -163,23 +175,30 @@ def task_loss(logits, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
 
 
-def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0):
+def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0, q_lr_factor=1.0, after_step=None):
     """Adam on fresh batches from sample(batch, generator); the learning rate
-    rises linearly over the first `warmup` steps, then stays at lr. Returns the
-    training loss of every step (NaN once it has diverged)."""
+    rises linearly over the first `warmup` steps, then stays at lr (times
+    q_lr_factor for the query projections). after_step(step, model), if given,
+    runs after every step, for example to record weights. Returns the training
+    loss of every step (NaN once it has diverged)."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.Adam(model.parameters(), lr=lr, betas=(0.9, 0.98))
+    queries = [p for name, p in model.named_parameters() if name.endswith("attn.q.weight")]
+    rest = [p for name, p in model.named_parameters() if not name.endswith("attn.q.weight")]
+    opt = torch.optim.Adam([{"params": queries, "factor": q_lr_factor}, {"params": rest, "factor": 1.0}],
+                           lr=lr, betas=(0.9, 0.98))
     losses = []
     with single_thread():
         for step in range(steps):
             for group in opt.param_groups:
-                group["lr"] = lr * min(1.0, (step + 1) / warmup) if warmup else lr
+                group["lr"] = group["factor"] * lr * (min(1.0, (step + 1) / warmup) if warmup else 1.0)
             x, y = sample(batch, gen)
             loss = task_loss(model(x), y)
             opt.zero_grad()
             loss.backward()
             opt.step()
             losses.append(loss.item())
+            if after_step is not None:
+                after_step(step, model)
     return losses
 
 

@@ -2,7 +2,11 @@
 "Triton from zero": who-wrote-what, vector addition, row-wise softmax and a
 tiled matrix product. Each kernel comes with a launcher that allocates the
 output and chooses the grid. On a machine without a GPU they run under Triton's
-interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env)."""
+interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env).
+
+The kernels keep Triton's 32-bit program ids and offsets, which address at most
+2**31 elements; the launchers refuse larger tensors rather than let an offset
+wrap around (the kernels of triton_kernels.py convert to 64 bits instead)."""
 import torch
 
 from coursekit.triton_env import triton_device
@@ -11,6 +15,16 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+INT32_ELEMENTS = 2**31      # 32-bit offsets address fewer elements than this
+
+
+def _fits_int32(*tensors):
+    """Refuse tensors too large for the 32-bit offsets of these demonstration kernels."""
+    for t in tensors:
+        if t.numel() >= INT32_ELEMENTS:
+            raise ValueError(f"a tensor of {t.numel():,} elements is too large for these kernels' 32-bit offsets "
+                             f"(at most {INT32_ELEMENTS - 1:,})")
 
 
 # ---------------------------------------------------------------- one program per block of a vector
@@ -26,6 +40,7 @@ def program_ids_kernel(OUT, n, BLOCK: tl.constexpr):
 def program_ids(n, block):
     """Which program wrote each of n elements, blocks of `block` per program."""
     out = torch.full((n,), -1, dtype=torch.int32, device=DEVICE)
+    _fits_int32(out)
     program_ids_kernel[(triton.cdiv(n, block),)](out, n, BLOCK=block)
     return out
 
@@ -44,6 +59,7 @@ def add_kernel(X, Y, OUT, n, BLOCK: tl.constexpr):
 def vector_add(x, y, block=64):
     """x + y for two 1-D tensors of equal length, by add_kernel."""
     assert x.shape == y.shape and x.dim() == 1
+    _fits_int32(x)
     out = torch.empty_like(x)
     n = x.numel()
     add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)
@@ -71,6 +87,7 @@ def softmax_rows_triton(x, fill=-float("inf")):
     """Softmax over the last axis of a 2-D tensor whose rows are contiguous (the
     rows themselves may lie any distance apart), one program per row."""
     assert x.dim() == 2 and x.stride(1) == 1
+    _fits_int32(x)
     n_rows, n_cols = x.shape
     out = torch.empty(n_rows, n_cols, device=x.device, dtype=x.dtype)
     softmax_row_kernel[(n_rows,)](x, out, n_cols, x.stride(0), out.stride(0),
@@ -106,6 +123,7 @@ def matmul_triton(a, b, block_m=32, block_n=32, block_k=32):
     (m, k), (k2, n) = a.shape, b.shape
     assert k == k2, "inner dimensions differ"
     c = torch.empty(m, n, device=a.device, dtype=torch.float32)
+    _fits_int32(a, b, c)
     grid = (triton.cdiv(m, block_m), triton.cdiv(n, block_n))
     matmul_kernel[grid](a, b, c, m, n, k, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
     return c

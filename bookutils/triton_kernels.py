@@ -2,8 +2,12 @@
 S and P through memory, and the fused FlashAttention forward kernel. Tensors are
 (batch, heads, n, d), in any layout whose last axis has unit stride (a transposed
 (batch, n, heads, d) view, for instance): the kernels take each tensor's strides
-instead of a contiguous copy. On a machine without a GPU they run under Triton's
-interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env)."""
+instead of a contiguous copy. q, k and v must agree in every dimension and in
+dtype: self-attention with as many key-value heads as query heads. The launch
+grid numbers the (batch, head) pairs along its axis 1, which CUDA limits to
+65,535 programs, so batch * heads may not exceed that. On a machine without a GPU
+the kernels run under Triton's interpreter (TRITON_INTERPRET=1, set by
+coursekit.triton_env)."""
 import math
 
 import torch
@@ -14,6 +18,29 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+
+GRID_AXIS_1 = 65_535      # the most programs CUDA launches along grid axis 1 (the batch * heads axis here)
+
+
+def _check_inputs(caller, q, k, v):
+    """(batch, heads, n, d) of q, k and v, or a ValueError that names what the kernels cannot read."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor) or t.dim() != 4:
+            shape = tuple(t.shape) if isinstance(t, torch.Tensor) else type(t).__name__
+            raise ValueError(f"{caller}: {name} must be a (batch, heads, n, d) tensor, got {shape}")
+    if not q.shape == k.shape == v.shape:
+        raise ValueError(f"{caller}: q, k and v must have the same (batch, heads, n, d), got "
+                         f"q {tuple(q.shape)}, k {tuple(k.shape)}, v {tuple(v.shape)}")
+    if not q.dtype == k.dtype == v.dtype:
+        raise ValueError(f"{caller}: q, k and v must have one dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if not q.device == k.device == v.device:
+        raise ValueError(f"{caller}: q, k and v must be on one device, got {q.device}, {k.device}, {v.device}")
+    batch, heads, n, d = q.shape
+    if batch * heads > GRID_AXIS_1:
+        raise ValueError(f"{caller}: batch * heads = {batch * heads:,} programs along grid axis 1 exceed "
+                         f"CUDA's limit of {GRID_AXIS_1:,}")
+    return batch, heads, n, d
 
 
 def _unit_last_stride(*tensors):
@@ -81,8 +108,8 @@ def _weighted_sum_kernel(P, V, O, n, d, heads, stride_vb, stride_vh, stride_vn, 
 
 def standard_attention(q, k, v, block_m=32, block_n=32):
     """softmax(QK^T / sqrt(d)) V with S and P stored in memory between kernels."""
+    batch, heads, n, d = _check_inputs("standard_attention", q, k, v)
     q, k, v = _unit_last_stride(q, k, v)
-    batch, heads, n, d = q.shape
     head = max(16, triton.next_power_of_2(d))
     s = torch.empty(batch * heads, n, n, device=q.device, dtype=torch.float32)
     p = torch.empty_like(s)
@@ -144,8 +171,8 @@ def _flash_forward_kernel(Q, K, V, O, LSE, n, d, heads, scale,
 
 def flash_forward(q, k, v, causal=False, sm_scale=None, block_m=32, block_n=32):
     """(O, logsumexp) for (batch, heads, n, d) tensors, by the fused tiled kernel."""
+    batch, heads, n, d = _check_inputs("flash_forward", q, k, v)
     q, k, v = _unit_last_stride(q, k, v)
-    batch, heads, n, d = q.shape
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     o = torch.empty_like(q)                      # same layout as q, whatever its strides
     lse = torch.empty(batch, heads, n, device=q.device, dtype=torch.float32)

@@ -4,7 +4,7 @@ kernel is defined (@triton.jit), so call this before defining or importing any."
 import os
 
 _MESSAGE = ("No GPU found: Triton kernels run in Triton's interpreter on the CPU "
-            "(TRITON_INTERPRET=1): float32 only, slow, so keep sizes small.")
+            "(TRITON_INTERPRET=1): float32 and float16 (no bfloat16 arithmetic), slow, so keep sizes small.")
 
 
 def triton_device(quiet=False):

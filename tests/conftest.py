@@ -1,3 +1,4 @@
+import json
 import os
 import shutil
 import subprocess
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from filelock import FileLock
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))  # autograde, and tests.* helpers
@@ -30,3 +32,73 @@ def run(cmd, cwd=REPO, timeout=1800, env=None):
 @pytest.fixture(scope="session")
 def repo():
     return REPO
+
+
+# ./scripts/test --quick: what a contributor runs while editing, in a few minutes:
+# the references, the hidden checks against the planted submissions in-process,
+# the notebooks' structure, the leak scans and the documents. Nothing here runs
+# nbgrader, the sandbox or a book build; tests that do are marked slow.
+QUICK = {"test_reference.py", "test_checks.py", "test_structure.py", "test_exercises.py", "test_not_a_copy.py",
+         "test_tripwire.py", "test_docs.py", "test_release.py", "test_cli.py"}
+
+
+def pytest_addoption(parser):
+    parser.addoption("--quick", action="store_true",
+                     help="only the quick tests: references, checks in-process, structure, leaks, documents")
+
+
+def pytest_ignore_collect(collection_path, config):
+    if config.getoption("--quick") and collection_path.suffix == ".py" and collection_path.name.startswith("test_"):
+        return collection_path.name not in QUICK or None  # not even imported
+
+
+# Module-scoped fixtures that are cheap to make twice: their tests may spread
+# over the workers (each Gradescope run is long, and independent of the others).
+SPREAD = {"autograder"}
+
+
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the groups
+def pytest_collection_modifyitems(config, items):
+    if config.getoption("--quick"):
+        quick = [item for item in items if item.path.name in QUICK and not item.get_closest_marker("slow")]
+        config.hook.pytest_deselected(items=[item for item in items if item not in set(quick)])
+        items[:] = quick
+    for item in items:
+        # Tests that share a module-scoped fixture (one grading batch, one
+        # generation) run on one worker, so that it is made once.
+        shared = sorted(name for name in item.fixturenames if name not in SPREAD
+                        and _scope(item, name) == "module")
+        if shared and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(f"{item.path.name}:{shared[0]}"))
+    # The longest first, so that on several workers none of them starts last:
+    # the file with the release's book build, then what grades or runs the
+    # sandbox, then the quick tests. Files keep their own order (a test may
+    # leave files in a module fixture's folder that an earlier one must not see).
+    slow_files = {item.path for item in items if item.get_closest_marker("slow")}
+    items.sort(key=lambda item: (item.path not in slow_files, item.path.name in QUICK))
+
+
+def _scope(item, name):
+    definitions = item._fixtureinfo.name2fixturedefs.get(name)
+    return definitions[-1].scope if definitions else None
+
+
+@pytest.fixture(scope="session")
+def once(tmp_path_factory):
+    """once(name, make) -> make(folder), made by one test process of the run and
+    read back by the others (pytest-xdist's workers share the parent of their
+    temporary folders): an expensive run, such as grading a class, is made once
+    however the tests that read it are spread. make returns JSON data."""
+    base = tmp_path_factory.getbasetemp()
+    shared = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+
+    def get(name, make):
+        result = shared / f"{name}.json"
+        with FileLock(str(shared / f"{name}.lock")):
+            if not result.exists():
+                folder = shared / name
+                shutil.rmtree(folder, ignore_errors=True)  # what a failed attempt left
+                folder.mkdir()
+                result.write_text(json.dumps(make(folder)))
+        return json.loads(result.read_text())
+    return get

@@ -1,6 +1,7 @@
 """The hidden checks, run in-process: they accept the references and correct
 answers in other styles, and reject planted mistakes with messages a student
 can act on. (test_grading runs the same through nbgrader.)"""
+import ast
 import linecache
 
 import nbformat
@@ -35,18 +36,75 @@ def run_cell(code, ns, label):
     exec(compile(code, filename, "exec"), ns)
 
 
-def namespace(assignment, overrides):
-    """A student's functions as the notebook defines them: the setup cell, then
-    every solution cell's code, with `overrides` (grade_id -> code) in place of
-    some, all sharing one namespace so later functions call the earlier ones."""
-    ns = {}
+def cells(assignment, overrides):
+    """(label, code) of the cells that define a student's functions, in the
+    notebook's order: the setup cell, then every solution cell's code, with
+    `overrides` (grade_id -> code) in place of some."""
+    found = []
     for cell in nbformat.read(source(assignment), as_version=4).cells:
         meta = nbgrader_meta(cell)
         if meta.get("grade_id") == "setup":
-            run_cell(cell.source, ns, "setup")
+            found.append(("setup", cell.source))
         elif meta.get("solution") and cell.cell_type == "code":
-            run_cell(overrides.get(meta["grade_id"], solution_code(cell)), ns, meta["grade_id"])
+            found.append((meta["grade_id"], overrides.get(meta["grade_id"], solution_code(cell))))
+    return found
+
+
+def namespace(assignment, overrides):
+    """A student's functions as the notebook defines them, all sharing one
+    namespace so later functions call the earlier ones."""
+    ns = {}
+    for label, code in cells(assignment, overrides):
+        run_cell(code, ns, label)
     return ns
+
+
+def _binds_and_reads(code):
+    """The names a cell binds at its top level, every name it reads, and whether
+    its top level does anything else (a call, an attribute or item assignment)
+    that could change what other cells see."""
+    tree = ast.parse(code)
+    binds, other = set(), False
+    for node in tree.body:
+        value = getattr(node, "value", None)
+        targets = getattr(node, "targets", None) or [getattr(node, "target", None)]
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            binds.add(node.name)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            binds |= {(alias.asname or alias.name).split(".")[0] for alias in node.names}
+        elif isinstance(node, (ast.Assign, ast.AnnAssign)) and all(isinstance(t, ast.Name) for t in targets) \
+                and not any(isinstance(n, ast.Call) for n in ast.walk(value or ast.Constant(None))):
+            binds |= {t.id for t in targets}
+        elif not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)):  # not a docstring
+            other = True
+    return binds, {n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}, other
+
+
+def affected(assignment, overrides):
+    """The student functions whose checks must run again with `overrides` in
+    place: those that read, directly or through other names, a name that an
+    override binds or that a replaced cell bound. Every other function runs
+    exactly the code, with exactly the globals, that test_checks_accept_the_reference
+    checks, so its checks give the same verdict. None: an override (or a cell it
+    replaces) does more at its top level than bind names, so everything runs."""
+    reference = dict(cells(assignment, {}))
+    parsed = {label: _binds_and_reads(code) for label, code in reference.items()}
+    replacing = [_binds_and_reads(code) for code in overrides.values()]
+    if any(other for _, _, other in replacing) or any(parsed[gid][2] for gid in overrides):
+        return None
+    rebound = set().union(*(binds for binds, _, _ in replacing))
+    binder = {name: label for label, (binds, _, _) in parsed.items() for name in binds}  # the last one wins
+    changed = set()
+    for name in {name for _, name in CHECKS[assignment].values()}:
+        seen, todo = set(), [name]
+        while todo:
+            current = todo.pop()
+            if current not in seen:
+                seen.add(current)
+                todo += parsed[binder[current]][1] if current in binder else []
+        if seen & rebound or {binder.get(n) for n in seen} & set(overrides):
+            changed.add(name)
+    return changed
 
 
 def cases(kind):
@@ -59,24 +117,49 @@ def test_checks_accept_the_reference(assignment, cell):
     assert check(namespace(assignment, {})[name]) is None  # None: nbgrader must not read a partial score
 
 
+# A planted submission changes one or two functions; the checks of the others
+# would repeat test_checks_accept_the_reference's work exactly (same code, same
+# globals, seeded inputs), so only the checks of the functions it can reach run.
 @pytest.mark.parametrize("assignment, case", cases("CORRECT"))
 def test_checks_accept_other_correct_styles(assignment, case):
-    ns = namespace(assignment, CLASSES[assignment].CORRECT[case])
+    overrides = CLASSES[assignment].CORRECT[case]
+    ns, rerun = namespace(assignment, overrides), affected(assignment, overrides)
+    checked = 0
     for check, name in CHECKS[assignment].values():
-        check(ns[name])
+        if rerun is None or name in rerun:
+            check(ns[name])
+            checked += 1
+    assert checked, f"{case} changes no graded function"
 
 
 @pytest.mark.parametrize("assignment, case", cases("BUGGY"))
 def test_checks_reject_exactly_the_planted_mistakes(assignment, case):
     overrides, loses = CLASSES[assignment].BUGGY[case]
-    ns = namespace(assignment, overrides)
+    ns, rerun = namespace(assignment, overrides), affected(assignment, overrides)
     for cell, (check, name) in CHECKS[assignment].items():
         if cell in loses:
             with pytest.raises(GradingFailure) as err:
                 check(ns[name])
             assert name in str(err.value), f"the message should name {name}: {err.value}"
-        else:
+        elif rerun is None or name in rerun:
             check(ns[name])
+
+
+def test_a_change_reaches_every_function_that_reads_it():
+    """The functions affected() leaves out are those that cannot see the change."""
+    softmax = "def softmax(x, axis=-1):\n    return np.exp(x) / np.exp(x).sum(axis, keepdims=True)\n"
+    # scaled_dot_product_attention and softmax_jvp call softmax; multi_head_attention calls the former.
+    assert affected("ch1_principles", {"softmax": softmax}) == {
+        "softmax", "scaled_dot_product_attention", "softmax_jvp", "multi_head_attention"}
+    assert affected("ch1_principles", {"softmax_jvp": "def softmax_jvp(x, u, axis=-1):\n    return u\n"}) \
+        == {"softmax_jvp"}
+    # A helper that an override defines under a name another cell reads reaches that cell too.
+    assert "commuting_permutations" in affected(
+        "ch1_principles", {"softmax_jvp": "import numpy as np\ndef softmax_jvp(x, u, axis=-1):\n    return u\n"})
+    # Anything at the top level beyond binding names may change any function.
+    for patch in ["np.exp = np.abs\n", "np.seterr(all='ignore')\n", "SEEN = open('/etc/hostname').read()\n"]:
+        assert affected("ch1_principles", {"softmax_jvp": patch + "def softmax_jvp(x, u, axis=-1):\n    return u\n"}) \
+            is None
 
 
 def test_unwritten_functions_get_a_plain_message():
@@ -101,7 +184,28 @@ def test_failure_messages_point_at_the_fix():
         ns = namespace("ch1_principles", {"commuting_permutations": mistake})
         with pytest.raises(GradingFailure, match=advice):
             checks.check_commuting_permutations(ns["commuting_permutations"])
+    for mistake, check, advice in [
+            (principles.CHECKS_FLOAT_MASK, checks.check_attention_checks_accept_correct, "dtype float64.*Pass boolean"),
+            (principles.CHECKS_PROBE_EMPTY_ROWS, checks.check_attention_checks_accept_correct,
+             "a query may attend to no key; Exercise 2 excludes"),
+            (principles.CHECKS_EXACT_EQUALITY, checks.check_attention_checks_accept_correct, "Compare with a tolerance"),
+            (principles.CHECKS_LET_ERRORS_ESCAPE, checks.check_attention_checks_catch_bugs,
+             "raised the attention's own error.*return False"),
+            (principles.CHECKS_MASK_ON_SMALL_SCORES, checks.check_attention_checks_catch_bugs, "-1e4"),
+            (principles.CHECKS_BY_CALL_COUNT, checks.check_attention_checks_catch_bugs, "decided without calling")]:
+        ns = namespace("ch1_principles", {"passes_attention_checks": mistake})
+        with pytest.raises(GradingFailure, match=advice):
+            check(ns["passes_attention_checks"])
+    ns = namespace("ch1_principles", {"scaled_dot_product_attention": principles.SDPA_FINITE_MASK})
+    with pytest.raises(GradingFailure, match="finite penalty such as -1e4"):
+        checks.check_sdpa_extreme_scores(ns["scaled_dot_product_attention"])
     variants = CLASSES["ch2_variants"]
+    ns = namespace("ch2_variants", {"left_padded_causal_attention": variants.PADDED_ADDITIVE_PENALTY})
+    with pytest.raises(GradingFailure, match="padding entries of size about.*rather than penalise"):
+        variant_checks.check_left_padded_values(ns["left_padded_causal_attention"])
+    ns = namespace("ch2_variants", {"entropy_temperature_slope": variants.SLOPE_GLOBAL_MAX})
+    with pytest.raises(GradingFailure, match="rows at offsets.*each row's own maximum"):
+        variant_checks.check_slope_limits(ns["entropy_temperature_slope"])
     ns = namespace("ch2_variants", {"decode_with_kv_cache": variants.DECODE_REBUILDS_CACHES})
     with pytest.raises(GradingFailure, match="Pass them on as they are"):
         variant_checks.check_decode_with_kv_cache(ns["decode_with_kv_cache"])
@@ -121,6 +225,9 @@ def test_failure_messages_point_at_the_fix():
     with pytest.raises(GradingFailure, match="post-norm.*Self-attention is causal"):
         variant_checks.check_decoder_post_norm(ns["DecoderLayer"])
     complexity = CLASSES["ch3_complexity"]
+    ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_FINITE_FILL})
+    with pytest.raises(GradingFailure, match="a finite fill such as -1e4"):
+        complexity_checks.check_dilated_extreme(ns["dilated_local_attention"])
     ns = namespace("ch3_complexity", {"dilated_local_attention": complexity.DILATED_TORCH_MASK})
     with pytest.raises(GradingFailure, match="peak memory.*MiB.*n x n array"):
         complexity_checks.check_dilated_memory(ns["dilated_local_attention"])
@@ -136,6 +243,23 @@ def test_failure_messages_point_at_the_fix():
     ns = namespace("ch3_complexity", {"causal_linear_attention": complexity.CAUSAL_STATE_UPDATED_FIRST})
     with pytest.raises(GradingFailure, match=r"causal_linear_attention.*j <= t only"):
         complexity_checks.check_causal_linear_output(ns["causal_linear_attention"])
+
+
+def test_attention_checks_are_shown_in_an_order_drawn_per_submission():
+    """Two submissions see the implementations in different orders; the same one, graded
+    again, in the same order; and the two anchors come twice each."""
+    from autograde import draws
+
+    def order(sources):
+        draws.grading(sources)
+        return [label for label, _, _ in checks._presented()]
+
+    try:
+        first, again, other = order(["a"]), order(["a"]), order(["b"])
+    finally:
+        draws.grading([])
+    assert first == again and first != other and sorted(first) == sorted(other)
+    assert first.count(checks.PLAIN_CORRECT) == first.count(checks.PLAIN_MISTAKE) == 2
 
 
 def test_fitting_checks_refuse_what_the_cost_is_not_defined_for():

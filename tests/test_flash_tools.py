@@ -3,6 +3,7 @@ agrees with bytes counted in Triton's interpreter, the kernel tracer counts
 exactly and cleans up, and the memory tracker is not fooled by Triton's
 interpreter re-wrapping its inputs. Kernels run in the interpreter here (set by
 conftest when there is no GPU), and natively on a GPU."""
+import json
 import subprocess
 import sys
 
@@ -179,10 +180,17 @@ def test_book_kernel_matches_the_reference_and_its_memory_does_not_grow_with_n(c
         assert beyond_output[1] < 1.2 * beyond_output[0] + 2**14, beyond_output
 
 
-def test_benchmark_command_prints_the_table_for_this_machine():
-    proc = subprocess.run([sys.executable, "-m", "bookutils.benchmark"], cwd=REPO, capture_output=True, text=True,
-                          timeout=600)
+def test_benchmark_command_prints_the_table_for_this_machine(tmp_path):
+    saved = tmp_path / "results.json"
+    proc = subprocess.run([sys.executable, "-m", "bookutils.benchmark", "--save", str(saved)], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
+    record = json.loads(saved.read_text())
+    assert record["device"]["type"] == DEVICE and record["versions"]["torch"] == torch.__version__
+    printed = [line.split() for line in proc.stdout.splitlines()]
+    for table in record["tables"].values():      # every saved row is a printed row
+        for row in table:
+            assert any(str(row["n"]) in line and row["method"].split()[0] in line for line in printed), row
     if DEVICE == "cuda":
         assert "TFLOP/s" in proc.stdout and "SDPA, FLASH_ATTENTION backend" in proc.stdout
     else:
@@ -254,7 +262,8 @@ def test_benchmark_tables_of_the_gpu_run_anywhere_and_time_correct_kernels(monke
 
     rows = benchmark.training_rows(kernels, sizes=(33,), batch=1, heads=2, d=16, dtype=torch.float32, device=DEVICE,
                                    timer=timer, causal=True)
-    assert [r["method"] for r in rows] == ["SDPA, FLASH_ATTENTION backend", "instructor's kernels"]
+    assert [r["method"] for r in rows] == ["SDPA, FLASH_ATTENTION backend", "teaching forward, instructor's backward",
+                                           "tuned forward, instructor's backward"]
     assert all(r["tflops"] > 0 for r in rows)
     rows = benchmark.decode_rows(kernels, lengths=(70,), batches=(2,), heads=4, kv_heads=2, d=16,
                                  dtype=torch.float32, device=DEVICE, timer=timer)

@@ -14,7 +14,6 @@ planted mistakes that together lose every test cell any planted mistake loses
 GRADESCOPE_FULL=1 grades every planted submission and correct alternative of
 every assignment, and the attack corpus, in full."""
 import copy
-import csv
 import json
 import os
 import shutil
@@ -33,6 +32,7 @@ from tests.attacks import ATTACKS
 from tests.notebooks import filled_submission
 from tests.submissions import CLASSES, notebook_paths, points_per_cell
 from tests.test_attacks import EXPECTED as ATTACK_OUTCOMES
+from tests.test_grading import graded  # noqa: F401  (a fixture: the graded classes, shared)
 
 FULL = os.environ.get("GRADESCOPE_FULL") == "1"
 SCHEMA = json.loads((Path(__file__).parent / "gradescope_schema.json").read_text())
@@ -174,27 +174,11 @@ def _class(assignment):
     return students
 
 
-@pytest.fixture(scope="module")
-def local_grades(tmp_path_factory):
-    """assignment -> the local grading command's grades.csv rows for the same class."""
-    graded = {}
-
-    def get(assignment):
-        if assignment not in graded:
-            root = tmp_path_factory.mktemp(f"local-{assignment}")
-            for student, notebook in _class(assignment).items():
-                folder = root / "submitted" / student / assignment
-                folder.mkdir(parents=True)
-                path = folder / CLASSES[assignment].NOTEBOOK
-                path.write_text(notebook) if isinstance(notebook, str) else nbformat.write(notebook, path)
-            proc = subprocess.run([sys.executable, "-m", "autograde", "grade", assignment, str(root / "submitted"),
-                                   "--out", str(root / "out"), "--timeout", "15"],
-                                  cwd=REPO, capture_output=True, text=True, timeout=3600)
-            assert proc.returncode == 0, proc.stdout + proc.stderr
-            with (root / "out" / "grades.csv").open() as fh:
-                graded[assignment] = {row["student_id"]: row for row in csv.DictReader(fh)}
-        return graded[assignment]
-    return get
+@pytest.fixture(scope="session")
+def local_grades(graded):
+    """assignment -> the local grading command's grades.csv rows: test_grading's
+    class, which holds the same submissions (and more), graded once per run."""
+    return lambda assignment: graded(assignment)["rows"]
 
 
 def _cases():

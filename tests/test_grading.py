@@ -4,6 +4,7 @@ mistakes lose exactly the points they should, correct answers in other styles
 get full marks, and broken or hostile submissions cost only their own student."""
 import csv
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -59,12 +60,17 @@ def grade_class(assignment, root):
 _GRADED = {}
 
 
-@pytest.fixture(scope="module")
-def graded(tmp_path_factory):
-    """assignment -> its graded class; each class is graded once."""
+@pytest.fixture(scope="session")
+def graded(once):
+    """assignment -> its graded class; each class is graded once in a test run,
+    and test_gradescope compares Gradescope's grades with the same rows."""
+    def as_data(result):
+        return {**result, "out": str(result["out"]), "students": sorted(result["students"])}
+
     def get(assignment):
         if assignment not in _GRADED:
-            _GRADED[assignment] = grade_class(assignment, tmp_path_factory.mktemp(assignment))
+            data = once(f"graded-{assignment}", lambda folder: as_data(grade_class(assignment, folder)))
+            _GRADED[assignment] = {**data, "out": Path(data["out"]), "students": set(data["students"])}
         return _GRADED[assignment]
     return get
 

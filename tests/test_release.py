@@ -13,7 +13,7 @@ from tests.conftest import REPO, run
 from tests.leaks import MARKERS, find_leaks, secret_fragments
 
 INSTRUCTOR_ONLY = ["solutions", "autograde", "student_runtime", "tests/submissions", "tests/attacks.py",
-                   "tests/leaks.py", "grading"]
+                   "tests/leaks.py", "tests/README.md", "CONTRIBUTING.md", "docs", "grading"]
 
 
 @pytest.fixture(scope="module")
@@ -33,7 +33,8 @@ def test_release_holds_only_public_files(release):
     assert (release / "README.md").read_text().startswith("# Attention")
     assert "solutions" not in (release / "README.md").read_text()
     for needed in ["book/intro.md", "exercises/ch4_flash/flash.ipynb", "bookutils/triton_kernels.py",
-                   "coursekit/triton_trace.py", "scripts/build", "scripts/test", ".github/workflows/pages.yml"]:
+                   "coursekit/triton_trace.py", "scripts/build", "scripts/test", ".github/workflows/pages.yml",
+                   "bookutils/stepper.js", "bookutils/stepper.css", "tests/test_figures.py"]:
         assert (release / needed).is_file(), needed
 
 

@@ -83,3 +83,46 @@ def test_a_model_without_positions_is_permutation_equivariant_and_one_with_them_
         with torch.no_grad():
             gap = (model(x[:, perm]) - model(x)[:, perm]).abs().max()
         assert (gap < 1e-5) == equivariant, gap
+
+
+def test_a_causal_model_does_not_look_ahead():
+    torch.manual_seed(0)
+    model = TinyTransformer(16, 3, n_layers=2, max_len=12, causal=True)
+    x = torch.randint(16, (2, 12), generator=gen())
+    changed = x.clone()
+    changed[:, 7:] = (changed[:, 7:] + 1) % 16
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    torch.testing.assert_close(a[:, :7], b[:, :7])
+    assert (a[:, 7:] - b[:, 7:]).abs().max() > 1e-3
+    assert model.attention_weights()[0][0, 0].triu(1).abs().max() == 0
+
+
+def test_qk_norm_bounds_every_score_by_its_gain():
+    torch.manual_seed(0)
+    model = mirror_model(d_head=128, scale="qknorm")
+    x, _ = mirror_and_previous(50, gen())
+    with torch.no_grad():
+        model(x)
+        attn = model.blocks[0].attn
+        first, gain = attn.scores.clone(), attn.gain.item()
+        assert first.abs().max() <= gain + 1e-4
+        attn.gain.fill_(3.0)
+        model(x)
+    torch.testing.assert_close(attn.scores, first * 3.0 / gain)      # cosines times the gain
+    assert attn.scores.abs().max() <= 3.0 + 1e-5
+
+
+def test_folding_with_a_slower_w_q_retraces_the_scaled_run():
+    scaled = train(mirror_model(d_head=128, scale="sqrt"), mirror_and_previous, 30, lr=3e-3)
+    folded_slow = train(mirror_model(d_head=128, scale="fold"), mirror_and_previous, 30, lr=3e-3,
+                        q_lr_factor=128 ** -0.5)
+    folded = train(mirror_model(d_head=128, scale="fold"), mirror_and_previous, 30, lr=3e-3)
+    assert max(abs(a - b) for a, b in zip(scaled, folded_slow)) < 1e-4
+    assert max(abs(a - b) for a, b in zip(scaled, folded)) > 1e-2
+
+
+def test_after_step_sees_every_step():
+    seen = []
+    train(mirror_model(), mirror_and_previous, 5, after_step=lambda step, model: seen.append(step))
+    assert seen == [0, 1, 2, 3, 4]

@@ -2,6 +2,8 @@
 dimensions that are not powers of two (the kernels pad them to one and must mask
 the padding) and strided (batch, n, heads, d) views of a packed QKV tensor, which
 the launchers must read in place, without contiguous copies."""
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -60,3 +62,49 @@ def test_launchers_allocate_only_their_outputs_for_strided_views():
     with TorchTensorBytes() as seen:
         out, lse = flash_forward(q, k, v)
     assert seen.peak == out.nbytes + lse.nbytes, (seen.peak, out.nbytes, lse.nbytes)
+
+
+# --- inputs the kernels cannot read are refused with a message, before any launch -------
+
+from bookutils import triton_demo  # noqa: E402
+from bookutils.triton_kernels import flash_forward, standard_attention  # noqa: E402
+
+
+def qkv(q_shape=(1, 2, 8, 16), k_shape=None, v_shape=None, dtypes=(torch.float32,) * 3):
+    shapes = (q_shape, k_shape or q_shape, v_shape or q_shape)
+    return [torch.randn(*shape).to(DEVICE, dtype) for shape, dtype in zip(shapes, dtypes)]
+
+
+REFUSED = {
+    "shorter keys": (qkv(k_shape=(1, 2, 4, 16), v_shape=(1, 2, 4, 16)), "same (batch, heads, n, d)"),
+    "fewer key-value heads": (qkv(k_shape=(1, 1, 8, 16), v_shape=(1, 1, 8, 16)), "same (batch, heads, n, d)"),
+    "another value width": (qkv(v_shape=(1, 2, 8, 32)), "same (batch, heads, n, d)"),
+    "mixed dtypes": (qkv(dtypes=(torch.float32, torch.float16, torch.float32)), "one dtype"),
+    "three axes": ([torch.randn(2, 8, 16, device=DEVICE)] * 3, "(batch, heads, n, d) tensor"),
+    "too many (batch, head) pairs": ([torch.empty(1, 1, 1, 16, device=DEVICE).expand(65_536, 1, 1, 16)] * 3,
+                                     "65,535"),
+}
+
+
+@pytest.mark.parametrize("launcher", [flash_forward, standard_attention], ids=lambda f: f.__name__)
+@pytest.mark.parametrize("case", REFUSED)
+def test_inputs_the_kernels_cannot_read_are_refused_with_the_reason(launcher, case):
+    tensors, reason = REFUSED[case]
+    with pytest.raises(ValueError, match=re.escape(reason)) as error:
+        launcher(*tensors)
+    assert launcher.__name__ in str(error.value)
+
+
+def test_the_grid_limit_is_65535_pairs_of_batch_and_head():
+    from bookutils.triton_kernels import _check_inputs
+    at_limit = torch.empty(1, 1, 1, 16).expand(65_535, 1, 1, 16)
+    assert _check_inputs("flash_forward", at_limit, at_limit, at_limit) == (65_535, 1, 1, 16)
+    past = torch.empty(1, 1, 1, 16).expand(32_768, 2, 1, 16)
+    with pytest.raises(ValueError, match="65,536 programs"):
+        _check_inputs("flash_forward", past, past, past)
+
+
+def test_demo_kernels_refuse_tensors_their_32_bit_offsets_cannot_address():
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        triton_demo._fits_int32(torch.empty(1).expand(2**31))
+    triton_demo._fits_int32(torch.empty(1).expand(2**31 - 1))

@@ -20,10 +20,23 @@ TRAINING_HINT = ("Forward: Q, K, V and the output projection cost 2·n·d_model�
                  "inputs, two more products of the same cost. Use integers so huge sizes stay exact.")
 
 
+def _training_sizes():
+    """Hand-picked sizes, then sizes drawn across the whole range the cell promises (up to
+    n = 10^9, d_model = 10^5), odd ones included: nearly every such total has an odd part
+    beyond 2^53, so a float anywhere in the count rounds it."""
+    sizes = [(1, 1, 1, 1), (2, 3, 1, 3), (7, 5, 2, 4), (64, 64, 8, 8), (128, 96, 4, 32), (100, 3000, 24, 128),
+             (4096, 4096, 32, 128), (10**6, 8192, 64, 160), (10**9, 10**5, 7, 3), (10**9 - 1, 10**5 - 1, 97, 127),
+             (999_999_937, 99_991, 13, 251)]
+    rng = _rng(20)
+    for draw in range(24):  # half spread evenly over the range, half evenly over its orders of magnitude
+        n, d_model = ((int(rng.integers(1, top + 1)) if draw % 2 else int(10 ** rng.uniform(0, np.log10(top))))
+                      for top in (10**9, 10**5))
+        sizes.append((n, d_model, int(rng.integers(1, 129)), int(rng.integers(1, 513))))
+    return sizes
+
+
 def check_training_flops(training_flops):
-    for n, d_model, heads, d_head in [(1, 1, 1, 1), (2, 3, 1, 3), (7, 5, 2, 4), (64, 64, 8, 8), (128, 96, 4, 32),
-                                      (100, 3000, 24, 128), (4096, 4096, 32, 128), (10**6, 8192, 64, 160),
-                                      (10**9, 10**5, 7, 3)]:
+    for n, d_model, heads, d_head in _training_sizes():
         what = f"training_flops(n={n}, d_model={d_model}, heads={heads}, d_head={d_head})"
         expect_int(call(training_flops, n, d_model, heads, d_head, what=what),
                    ref.training_flops(n, d_model, heads, d_head), what=what, hint=TRAINING_HINT)
@@ -40,7 +53,9 @@ def check_receptive_field(receptive_field):
              ([5, 1, 4], [2, 7, 3], [1, 1, 1]), ([2] * 10, [1] * 10, [1] * 10), ([7, 3], [1, 1], [1, 1]),
              ([4, 4, 4], [5, 1, 5], [1, 1, 1]), ([9], [100], [7]), ([3, 3], [1, 1], [2, 1]), ([2, 2, 2], [1, 1, 1], [2, 2, 2]),
              ([5, 3, 4], [2, 1, 3], [3, 2, 5]), ([4, 1, 3], [2, 5, 1], [1, 3, 2]), ([2] * 10, [1] * 10, [2] * 10),
-             ([3, 2, 2, 2], [1, 2, 1, 3], [2, 1, 3, 1]), ([2, 2], [1, 1], [1, 1000])]
+             ([3, 2, 2, 2], [1, 2, 1, 3], [2, 1, 3, 1]), ([2, 2], [1, 1], [1, 1000]),
+             # Spans between 2^53 and 2^63: exact in integers, rounded in floats.
+             ([2] * 10, [7, 3, 9, 1, 5, 11, 3, 1, 7, 999], [53] * 10), ([9, 3, 5, 4], [1001, 3, 17, 12347], [99991, 10007, 4999, 31])]
     for widths, dilations, strides in cases:
         what = f"receptive_field(kernel_widths={widths}, dilations={dilations}, strides={strides})"
         expect_int(call(receptive_field, list(widths), list(dilations), list(strides), what=what),
@@ -297,14 +312,34 @@ def check_dilated_global(dilated_local_attention):
     _dilated_numpy_only(dilated_local_attention, rng)
 
 
+EXTREME_HINT = ("Use a numerically stable softmax (subtract the maximum of each query's own scores), and leave the "
+                "keys a query does not see out of its softmax (or give them -np.inf): a finite fill such as -1e4 "
+                "takes the weight once the scores it should lose to are far below -1e4.")
+
+
+def _extreme_cases(rng):
+    """Scores from the thousands to about a million, of either sign, over several windows and
+    global tokens; then queries and keys pointing apart, so that every score is far below -1e4."""
+    cases = []
+    for seed, (n, radius, dilation, n_global) in enumerate([(14, 2, 3, 0), (14, 2, 3, 0), (17, 1, 4, 2), (9, 3, 1, 0),
+                                                           (12, 0, 1, 1), (20, 2, 7, 3)]):
+        scale = (30.0, 300.0, 1000.0)[seed % 3]
+        q, k = rng.normal(scale=scale, size=(n, 4)), rng.normal(scale=scale, size=(n, 4))
+        cases.append((q, k, rng.normal(size=(n, 3)), radius, dilation, n_global, f"entries of size about {scale:g}"))
+    for n, radius, dilation, n_global in [(15, 2, 3, 0), (11, 1, 2, 2)]:
+        q, k = rng.uniform(200, 400, size=(n, 4)), -rng.uniform(200, 400, size=(n, 4))
+        cases.append((q, k, rng.normal(size=(n, 3)), radius, dilation, n_global,
+                      "positive queries and negative keys (every score far below -1e4)"))
+    return cases
+
+
 def check_dilated_extreme(dilated_local_attention):
     rng = _rng(2)
-    for scale in (30.0, 300.0):
-        q, k, v = (rng.normal(scale=scale, size=(14, 4)), rng.normal(scale=scale, size=(14, 4)),
-                   rng.normal(size=(14, 3)))
-        _check_output(dilated_local_attention, (q, k, v, 2, 3), ref.dilated_local_attention(q, k, v, 2, 3),
-                      f"dilated_local_attention with entries of size about {scale:g}",
-                      "Use a numerically stable softmax (subtract the maximum of each query's scores).")
+    for q, k, v, radius, dilation, n_global, label in _extreme_cases(rng):
+        _check_output(dilated_local_attention, (q, k, v, radius, dilation, n_global),
+                      ref.dilated_local_attention(q, k, v, radius, dilation, n_global),
+                      f"dilated_local_attention for n={len(q)}, radius={radius}, dilation={dilation}, "
+                      f"n_global={n_global} with {label}", EXTREME_HINT)
     _dilated_numpy_only(dilated_local_attention, rng)
 
 

@@ -10,6 +10,7 @@ from autograde.compare import (
     expect_sequence,
     numpy_only,
 )
+from autograde import draws
 from autograde.memory import traced_peak
 from autograde.reference import principles as ref
 
@@ -123,6 +124,33 @@ def check_sdpa_batched_and_masked(scaled_dot_product_attention):
     expect_close(result[0], expected, what=f"the output from {what}")
 
 
+MASK_HINT = ("A masked key must get weight exactly 0 however large its score and however small the kept ones: "
+             "exclude it (np.where(mask, scores, -np.inf)) rather than give it a finite penalty such as -1e4, "
+             "which scores of this size outweigh.")
+
+
+def _masked_extreme_cases(rng):
+    """Masks on scores in the thousands to about a million: masked keys that score far
+    above the kept ones, and rows whose kept keys all score far below -1e4."""
+    cases = []
+    for seed in range(6):  # random masks, every query keeping at least one key
+        lead, n_q, n_k, d = [((), 4, 6, 4), ((2,), 3, 5, 8), ((2, 2), 5, 4, 3)][seed % 3]
+        scale = (30.0, 300.0, 1000.0)[seed // 2]
+        q, k = rng.normal(scale=scale, size=(*lead, n_q, d)), rng.normal(scale=scale, size=(*lead, n_k, d))
+        mask = rng.random((*lead, n_q, n_k)) < 0.5
+        mask[..., np.arange(n_q), rng.integers(0, n_k, size=n_q)] = True
+        cases.append((f"a random mask of shape {mask.shape} and query/key entries of size about {scale:g}",
+                      q, k, rng.normal(size=(*lead, n_k, 3)), mask))
+    # Every query's kept keys score about -1e5 and its masked keys about +1e5 (d_k = 1).
+    q = rng.uniform(200.0, 400.0, size=(2, 4, 1))
+    k = rng.uniform(200.0, 400.0, size=(2, 5, 1)) * np.array([1, -1, 1, -1, -1])[:, None]
+    keep = np.array([[False, True, False, True, True], [False, False, False, True, False],
+                     [False, True, False, False, False], [True, True, True, True, True]])
+    cases.append(("a mask whose kept keys score about -1e5 and whose masked keys score about +1e5",
+                  q, k, rng.normal(size=(2, 5, 2)), keep))
+    return cases
+
+
 def check_sdpa_extreme_scores(scaled_dot_product_attention):
     """Large scores must not overflow; near-one-hot weights must be exact."""
     rng = _rng(4)
@@ -137,6 +165,13 @@ def check_sdpa_extreme_scores(scaled_dot_product_attention):
         expect_close(result[1], ref_weights, what=f"the weights from {what}",
                      hint="Use a numerically stable softmax (subtract the row maximum).")
         expect_close(result[0], ref_out, what=f"the output from {what}")
+    for label, q, k, v, mask in _masked_extreme_cases(rng):
+        what = f"scaled_dot_product_attention with {label}"
+        result = call(scaled_dot_product_attention, q, k, v, mask=mask, what=what)
+        expect_sequence(result, 2, what=what, names="(output, weights)")
+        ref_out, ref_weights = ref.scaled_dot_product_attention(q, k, v, mask)
+        expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=MASK_HINT)
+        expect_close(result[0], ref_out, what=f"the output from {what}", hint=MASK_HINT)
     q, k, v = rng.normal(scale=300.0, size=(3, 8)), rng.normal(scale=300.0, size=(5, 8)), rng.normal(size=(5, 2))
     expected = ref.scaled_dot_product_attention(q, k, v)[0]
     what = "scaled_dot_product_attention with query/key entries of size about 300, one sequence"
@@ -233,13 +268,18 @@ def _looped_attention(q, k, v, mask=None):
     return np.einsum("...qk,...kd->...qd", weights, v), weights
 
 
-def _attention_with(score_scale=None, softmax_axis=-1, mask_after=False, unstable=False, inverted_mask=False):
+def _attention_with(score_scale=None, softmax_axis=-1, mask_after=False, unstable=False, inverted_mask=False,
+                    fill=None, one_sequence=False):
     """Scaled dot-product attention with one deliberate mistake."""
     def attention(q, k, v, mask=None):
         d = q.shape[-1] if score_scale is None else score_scale(q, k, v)
-        scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(d)
+        keys = k.T if one_sequence else np.swapaxes(k, -1, -2)
+        scores = q @ keys / np.sqrt(d)
         if mask is not None and not mask_after:
-            scores = np.where(mask, -np.inf, scores) if inverted_mask else _masked(scores, mask)
+            if inverted_mask:
+                scores = np.where(mask, -np.inf, scores)
+            else:
+                scores = np.where(mask, scores, -np.inf if fill is None else fill)
         if unstable:
             e = np.exp(scores)
             weights = e / np.sum(e, axis=softmax_axis, keepdims=True)
@@ -251,9 +291,35 @@ def _attention_with(score_scale=None, softmax_axis=-1, mask_after=False, unstabl
     return attention
 
 
+def _boolean_attention(q, k, v, mask=None):
+    """Correct, relying on the boolean contract (~mask); a row with no key, which the
+    specification excludes, comes out as zeros rather than nan."""
+    scores = np.matmul(q, np.swapaxes(k, -1, -2)) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(np.broadcast_to(~mask, scores.shape), -np.inf, scores)
+    top = np.max(scores, axis=-1, keepdims=True)
+    e = np.exp(scores - np.where(np.isfinite(top), top, 0.0))
+    total = e.sum(axis=-1, keepdims=True)
+    weights = e / np.where(total > 0, total, 1.0)
+    return np.matmul(weights, v), weights
+
+
+def _indexing_attention(q, k, v, mask=None):
+    """Correct, excluding the masked keys by boolean indexing (which needs a boolean mask)."""
+    scores = np.einsum("...id,...jd->...ij", q, k) * q.shape[-1] ** -0.5
+    if mask is not None:
+        scores = scores.copy()
+        scores[~np.broadcast_to(mask, scores.shape)] = -np.inf
+    weights = np.exp(scores - scores.max(axis=-1, keepdims=True))
+    weights /= weights.sum(axis=-1, keepdims=True)
+    return np.einsum("...ij,...jd->...id", weights, v), weights
+
+
 CORRECT_ATTENTION = {
     "the reference implementation": ref.scaled_dot_product_attention,
     "a correct implementation that loops over the queries": _looped_attention,
+    "a correct implementation that hides the masked keys with ~mask": _boolean_attention,
+    "a correct implementation that excludes the masked keys by boolean indexing": _indexing_attention,
 }
 
 BUGGY_ATTENTION = {
@@ -263,38 +329,140 @@ BUGGY_ATTENTION = {
     "scores scaled by 1/sqrt(d_v) instead of 1/sqrt(d_k)": _attention_with(score_scale=lambda q, k, v: v.shape[-1]),
     "a softmax that overflows on large scores": _attention_with(unstable=True),
     "a mask read the wrong way round (True hides the key)": _attention_with(inverted_mask=True),
+    "masked scores set to -1e4 instead of excluded (wrong once the kept scores are far below -1e4)":
+        _attention_with(fill=-1e4),
+    "k.T instead of swapping the last two axes (it raises an error on batch axes)":
+        _attention_with(one_sequence=True),
 }
 
+# The anchors: a checker must reject the plainest mistake to earn the point for
+# accepting correct attention, and accept the reference to earn the points for
+# catching mistakes; each is shown twice, so neither point can be had by
+# answering by call number.
+PLAIN_MISTAKE = "a softmax over the queries instead of the keys"
+PLAIN_CORRECT = "the reference implementation"
 
-def _verdict(passes_attention_checks, attention, label):
-    what = f"passes_attention_checks(attention) for {label}"
-    with np.errstate(all="ignore"):
-        found = call(passes_attention_checks, attention, what=what)
-    if not isinstance(found, (bool, np.bool_)):
-        raise GradingFailure(f"{what} should return True or False, but returned {describe(found)}.")
-    return bool(found)
+
+class _Recorded:
+    """An attention handed to the student's checks: it records what the checks
+    asked of it, for the failure message."""
+
+    def __init__(self, attention):
+        self.attention, self.calls = attention, []
+
+    def __call__(self, q, k, v, mask=None):
+        call = {"mask": mask, "raised": None}
+        self.calls.append(call)
+        try:
+            return self.attention(q, k, v, mask)
+        except Exception as exc:
+            call["raised"] = f"{type(exc).__name__}: {exc}"
+            raise
+
+    def diagnosis(self):
+        """Why the student's checks may have rejected a correct attention."""
+        if not self.calls:
+            return "Your checks decided without calling the attention: run it on inputs and judge what it returns."
+        for call in self.calls:
+            mask = call["mask"]
+            if mask is None:
+                continue
+            dtype = getattr(mask, "dtype", None)
+            if dtype is None or dtype != bool:
+                return (f"Your checks passed it a mask of {describe(mask)}, where the specification's mask is a "
+                        "boolean array (True: may attend); a correct implementation may rely on that (with ~mask, "
+                        "or by indexing with the mask). Pass boolean masks.")
+            if mask.ndim and not np.all(np.any(mask, axis=-1)):
+                return ("Your checks passed it a mask in which a query may attend to no key; Exercise 2 excludes "
+                        "such masks (that row's weights are 0/0), so a correct implementation may return anything "
+                        "there. Give every query at least one key.")
+        raised = [c["raised"] for c in self.calls if c["raised"]]
+        if raised:
+            return (f"It raised {raised[0]} on the inputs your checks gave it; use only inputs that Exercise 2's "
+                    "specification allows.")
+        return ("Compare with a tolerance (np.allclose), not with ==: two correct implementations may add the same "
+                "numbers in a different order.")
+
+
+def _presented():
+    """(label, attention, correct) for every implementation, the anchors twice, in
+    an order drawn per submission (autograde.draws)."""
+    cases = [(label, fn, True) for label, fn in CORRECT_ATTENTION.items()]
+    cases += [(label, fn, False) for label, fn in BUGGY_ATTENTION.items()]
+    cases += [(PLAIN_CORRECT, CORRECT_ATTENTION[PLAIN_CORRECT], True),
+              (PLAIN_MISTAKE, BUGGY_ATTENTION[PLAIN_MISTAKE], False)]
+    order = draws.rng("passes_attention_checks").permutation(len(cases))
+    return [cases[i] for i in order]
+
+
+def _verdicts(passes_attention_checks):
+    """(label, correct, verdict, recorded attention) for each presented implementation;
+    verdict is None when the student's function raised."""
+    found = []
+    for label, attention, correct in _presented():
+        recorded = _Recorded(attention)
+        what = f"passes_attention_checks(attention) for {label}"
+        try:
+            with np.errstate(all="ignore"):
+                verdict = call(passes_attention_checks, recorded, what=what)
+        except GradingFailure as failure:
+            verdict = failure
+        else:
+            if not isinstance(verdict, (bool, np.bool_)):
+                raise GradingFailure(f"{what} should return True or False, but returned {describe(verdict)}.")
+            verdict = bool(verdict)
+        found.append((label, correct, verdict, recorded))
+    return found
+
+
+def _escaped(label, failure, recorded):
+    """The failure for a checker that raised while checking `label`."""
+    raised = [c["raised"] for c in recorded.calls if c["raised"]]
+    if raised:
+        return GradingFailure(
+            f"passes_attention_checks(attention) for {label} raised the attention's own error ({raised[0]}) "
+            "instead of returning False: a call that raises is a failed check, so catch the exception "
+            "(try/except) and return False.")
+    return failure
 
 
 def check_attention_checks_accept_correct(passes_attention_checks):
-    """Correct implementations, written two ways, must pass the student's checks."""
-    for label, attention in CORRECT_ATTENTION.items():
-        if not _verdict(passes_attention_checks, attention, label):
+    """Correct implementations, written several ways, must pass the student's checks,
+    and the plainest mistake must not."""
+    for label, correct, verdict, recorded in _verdicts(passes_attention_checks):
+        if isinstance(verdict, GradingFailure) and (correct or label == PLAIN_MISTAKE):
+            raise _escaped(label, verdict, recorded) if not correct else GradingFailure(
+                f"{verdict} This implementation meets the specification of Exercise 2. {recorded.diagnosis()}")
+        if correct and verdict is False:
             raise GradingFailure(
                 f"passes_attention_checks returned False for {label}, which meets the specification of "
-                "Exercise 2. Compare with a tolerance (np.allclose), not with ==: two correct implementations "
-                "may add the same numbers in a different order.")
+                f"Exercise 2. {recorded.diagnosis()}")
+        if label == PLAIN_MISTAKE and verdict is True:
+            raise GradingFailure(
+                f"passes_attention_checks returned True for an implementation with {label}, whose rows of weights "
+                "do not sum to 1: checks that accept it cannot tell a correct attention from a wrong one.")
 
 
 def check_attention_checks_catch_bugs(passes_attention_checks):
-    """Each planted mistake must make the student's checks return False."""
-    missed = [label for label, attention in BUGGY_ATTENTION.items()
-              if _verdict(passes_attention_checks, attention, label)]
+    """Each planted mistake must make the student's checks return False, while the
+    reference still passes them."""
+    missed = []
+    for label, correct, verdict, recorded in _verdicts(passes_attention_checks):
+        if isinstance(verdict, GradingFailure):
+            raise _escaped(label, verdict, recorded)
+        if label == PLAIN_CORRECT and verdict is False:
+            raise GradingFailure(
+                f"passes_attention_checks returned False for {label}, which is correct: checks that reject it "
+                f"catch nothing. {recorded.diagnosis()}")
+        if not correct and verdict and label not in missed:
+            missed.append(label)
     if missed:
         raise GradingFailure(
             "passes_attention_checks returned True for an implementation with "
             + "; for one with ".join(missed)
-            + ". Choose inputs that expose each mistake: d_k different from d_v, n_q different from n_k, "
-              "a mask, and scores large enough to overflow np.exp.")
+            + ". Choose inputs that expose each mistake: batch axes, d_k different from d_v, n_q different from "
+              "n_k, a mask, scores large enough to overflow np.exp, and a mask on scores far from 0 (kept keys "
+              "scoring far below -1e4, masked ones far above the kept ones).")
 
 
 # ----------------------------------------------------------- symmetries

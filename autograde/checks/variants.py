@@ -119,23 +119,32 @@ def _padded_numpy_only(left_padded_causal_attention, rng):
     numpy_only(left_padded_causal_attention, q, k, v, lengths, what=what)  # values graded by the other calls
 
 
+PADDING_SCALES = (300.0, 1e6, 1e12, 1e100)  # what the padding holds: any finite numbers, huge ones included
+
+
 def check_left_padded_values(left_padded_causal_attention):
     """The real rows of each sequence equal causal attention of that sequence alone,
-    whatever the padding holds (here junk in the hundreds)."""
+    whatever the padding holds: junk from the hundreds to 1e100, in the queries, keys
+    and values, so that no finite penalty (such as -1e9) keeps a padding key out."""
     rng = _rng(3)
-    for batch, n, d_k, d_v, lengths in [(3, 6, 4, 3, [6, 4, 1]), (2, 9, 8, 8, [5, 9]), (1, 1, 2, 5, [1]),
-                                        (4, 7, 3, 2, [2, 7, 3, 6])]:
+    shapes = [(3, 6, 4, 3, [6, 4, 1]), (2, 9, 8, 8, [5, 9]), (1, 1, 2, 5, [1]), (4, 7, 3, 2, [2, 7, 3, 6])]
+    for case, (batch, n, d_k, d_v, lengths) in enumerate(shapes + shapes):
+        scale = PADDING_SCALES[case % len(PADDING_SCALES)]
         q, k, v = _padded_inputs(rng, batch, n, d_k, d_v)
         for b, length in enumerate(lengths):
             pad = n - length
-            q[b, :pad], k[b, :pad], v[b, :pad] = (rng.normal(scale=300.0, size=(pad, d)) for d in (d_k, d_k, d_v))
+            q[b, :pad], k[b, :pad], v[b, :pad] = (rng.normal(scale=scale, size=(pad, d)) for d in (d_k, d_k, d_v))
         expected = ref.left_padded_causal_attention(q, k, v, lengths)
         found, what = _run_padded(left_padded_causal_attention, q, k, v, lengths)
+        what += f" and padding entries of size about {scale:g}"
         for b, length in enumerate(lengths):
             expect_close(found[b, n - length:], expected[b, n - length:],
                          what=f"the real rows of sequence {b} (length {length}, padded on the left) from {what}",
                          hint="Sequence b's tokens are its last lengths[b] positions; query i may attend to key j "
-                              "when j <= i and j is a real token, itself included. Scale by 1/sqrt(d_k).")
+                              "when j <= i and j is a real token, itself included. Scale by 1/sqrt(d_k). Exclude "
+                              "the padding keys (-np.inf, or leave them out) rather than penalise them by a finite "
+                              "amount, which huge padding values outweigh, and take each row's maximum over the "
+                              "keys it may see only.")
     _padded_numpy_only(left_padded_causal_attention, rng)
 
 
@@ -314,7 +323,27 @@ def check_slope_limits(entropy_temperature_slope):
     _check_slope(entropy_temperature_slope, rng.normal(size=(2, 7)) + 1e6, 1.0, "scores near a million",
                  "The slope does not change when a constant is added to a row: centre the scores on their mean "
                  "before squaring, instead of E[s^2] - E[s]^2.")
+    for label, scores, tau in _offset_rows(rng):
+        _check_slope(entropy_temperature_slope, scores, tau, label,
+                     "Each row is a softmax of its own: subtract each row's own maximum (keepdims=True), not "
+                     "one maximum of the whole array, which leaves the rows far below it with 0/0.")
     _slope_numpy_only(entropy_temperature_slope, rng)
+
+
+def _offset_rows(rng):
+    """Rows at very different offsets in one array (near 0, near -1e3, near 1e6), with and
+    without masked keys, over several shapes and temperatures."""
+    cases = []
+    for shape, offsets, tau in [((3, 5), [0.0, 1e6, -1e3], 1.0), ((2, 2, 6), [[1e6, 0.0], [5e5, -2e5]], 0.3),
+                                ((4, 4), [1e6, 1e6 - 50.0, 2.0, -1e6], 2.5), ((2, 8), [-7.0, 1e6], 0.05)]:
+        scores = rng.normal(scale=2.0, size=shape) + np.asarray(offsets)[..., None]
+        cases.append((f"rows at offsets {np.asarray(offsets).ravel().tolist()} in one array of shape {shape}",
+                      scores, tau))
+        masked = scores.copy()
+        masked[..., 1] = -np.inf
+        cases.append((f"rows at offsets {np.asarray(offsets).ravel().tolist()} with a masked key, shape {shape}",
+                      masked, tau))
+    return cases
 
 
 # ---------------------------------------------------------- additive attention
@@ -366,17 +395,22 @@ def check_additive_key_mask(concat_additive_attention):
     """Masked keys get zero weight, a sequence with no real key gives zero rows
     (never NaN), and a mask of all True changes nothing."""
     rng = _rng(11)
-    for lead, n_q, n_k, d_q, d_k, d_h, d_v in [((3,), 4, 5, 3, 2, 6, 2), ((2, 2), 2, 6, 4, 4, 3, 3), ((1,), 1, 1, 2, 3, 2, 1)]:
-        inputs = _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v)
+    # The last two with a long w_score: scores far beyond 1e4, where a finite mask value loses.
+    for lead, n_q, n_k, d_q, d_k, d_h, d_v, w in [((3,), 4, 5, 3, 2, 6, 2, 1.0), ((2, 2), 2, 6, 4, 4, 3, 3, 1.0),
+                                                  ((1,), 1, 1, 2, 3, 2, 1, 1.0), ((4,), 3, 6, 2, 3, 5, 2, 1e5),
+                                                  ((2, 3), 2, 4, 3, 3, 4, 2, 3e4)]:
+        inputs = _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v, score_scale=w)
         key_mask = rng.random((*lead, n_k)) < 0.6
         key_mask.reshape(-1, n_k)[0] = False                        # one sequence with no real key
         if key_mask.size > n_k:
             key_mask.reshape(-1, n_k)[-1] = True                    # and one with every key real
-        what = f"concat_additive_attention with batch axes {lead}, n_q={n_q}, n_k={n_k} and key_mask {key_mask.tolist()}"
+        what = (f"concat_additive_attention with batch axes {lead}, n_q={n_q}, n_k={n_k}, w_score entries of size "
+                f"about {w:g} and key_mask {key_mask.tolist()}")
         ref_out, ref_weights = ref.concat_additive_attention(*inputs, key_mask)
         result = call_unchanged(concat_additive_attention, *inputs, key_mask=key_mask, what=what)
         expect_sequence(result, 2, what=what, names="(output, weights)")
-        hint = ("A key whose key_mask entry is False gets weight 0; a sequence whose keys are all masked has no key "
+        hint = ("A key whose key_mask entry is False gets weight 0, however large the scores (exclude it rather "
+                "than give it a finite score such as -1e4); a sequence whose keys are all masked has no key "
                 "to attend to, so its weights and outputs are zeros, not NaN.")
         expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
         expect_close(result[0], ref_out, what=f"the output from {what}", hint=hint)

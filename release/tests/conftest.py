@@ -45,8 +45,14 @@ def site(tmp_path_factory):
     # SITE_OUT keeps the build where a caller can read it afterwards (the
     # instructors' suite scans it for answers); by default it is temporary.
     out = Path(os.environ["SITE_OUT"]) if os.environ.get("SITE_OUT") else tmp_path_factory.mktemp("site")
+    # SITE_REUSE=1 with SITE_OUT tests the build this fixture left there last time, without building
+    # again (for re-running the browser tests after a change to them, not to the book).
+    record = out / "build.log"
+    if os.environ.get("SITE_REUSE") and os.environ.get("SITE_OUT") and record.is_file():
+        return out / "_build", record.read_text()
     proc = run([shutil.which("jupyter-book") or "jupyter-book", "build", str(REPO), "--builder", "html",
                 "-W", "-n", "--keep-going", "--path-output", str(out)])
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"jupyter-book build failed:\n{log[-6000:]}"
+    record.write_text(log)
     return out / "_build", log

@@ -4,7 +4,8 @@ grading engine or planted submissions, and no answer left in a notebook."""
 from tests.answers import answer_leaks
 from tests.conftest import REPO
 
-INSTRUCTOR_ONLY = ("solutions", "autograde", "student_runtime", "tests/submissions", "tests/attacks.py")
+INSTRUCTOR_ONLY = ("solutions", "autograde", "student_runtime", "tests/submissions", "tests/attacks.py",
+                   "CONTRIBUTING.md")
 
 
 def test_no_instructor_files():

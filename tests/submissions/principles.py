@@ -91,6 +91,24 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return weights @ v, weights
 '''
 
+SDPA_FINITE_MASK = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = np.where(mask, scores, -1e4)  # Bug: loses to kept scores far below -1e4
+    weights = softmax(scores, axis=-1)
+    return weights @ v, weights
+'''
+
+SDPA_ADDITIVE_PENALTY = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    if mask is not None:
+        scores = scores - 1e4 * (1 - mask)  # Bug: a masked key scoring 1e4 above the kept ones still wins
+    weights = softmax(scores, axis=-1)
+    return weights @ v, weights
+'''
+
 SDPA_2D_ONLY = '''
 def scaled_dot_product_attention(q, k, v, mask=None):
     scores = q @ k.T / np.sqrt(q.shape[-1])
@@ -240,13 +258,76 @@ def passes_attention_checks(attention):
     rng = np.random.default_rng(1)
     q, k, v = rng.normal(scale=30, size=(2, 3, 4)), rng.normal(scale=30, size=(2, 5, 4)), rng.normal(size=(2, 5, 2))
     mask = np.array([[True, False, True, True, False]] * 3)
-    for m in (None, mask):
-        expected, weights = scaled_dot_product_attention(q, k, v, m)
-        out, found = attention(q, k, v, mask=m)
+    for qs, ks, m in [(q, k, None), (q, k, mask), (10 * np.abs(q), -10 * np.abs(k), mask)]:
+        expected, weights = scaled_dot_product_attention(qs, ks, v, m)
+        try:
+            out, found = attention(qs, ks, v, mask=m)
+        except Exception:
+            return False
         # Bug: exact equality; a correct implementation that adds in another order fails.
         if not (np.array_equal(out, expected) and np.array_equal(found, weights)):
             return False
     return True
+'''
+
+# The solution's checks, changed in one place each.
+_SOLUTION_CHECKS = '''
+def passes_attention_checks(attention):
+    rng = np.random.default_rng(0)
+    batch, n_q, n_k, d_k, d_v = 2, 3, 5, 4, 2
+    mask = rng.random((n_q, n_k)) < 0.5
+    mask[:, 0] = True
+    mask[:, 1] = False
+    MASK_CHANGE
+    probes = [(rng.normal(scale=s, size=(batch, n_q, d_k)), rng.normal(scale=s, size=(batch, n_k, d_k)))
+              for s in (1.0, 40.0)]
+    probes.append((np.abs(rng.normal(scale=300.0, size=(batch, n_q, d_k))),
+                   -np.abs(rng.normal(scale=300.0, size=(batch, n_k, d_k)))))
+    for q, k in probes:
+        v = rng.normal(size=(batch, n_k, d_v))
+        for keep in (None, mask):
+            CALL
+            slow = np.empty((batch, n_q, n_k))
+            for b, i in np.ndindex(batch, n_q):
+                logits = np.array([q[b, i] @ k[b, j] for j in range(n_k)]) / d_k ** 0.5
+                if keep is not None:
+                    logits[~np.asarray(keep[i], dtype=bool)] = -np.inf
+                top = logits.max()
+                slow[b, i] = np.exp(logits - top) / np.exp(logits - top).sum()
+            if not (np.allclose(weights, slow, equal_nan=True) and np.allclose(out, slow @ v, equal_nan=True)):
+                return False
+    return True
+'''
+_GUARDED_CALL = """try:
+                out, weights = attention(q, k, v, mask=keep)
+            except Exception:
+                return False"""
+
+# Bug: the mask handed over as float 0/1, where the specification's mask is boolean;
+# a correct attention that relies on that (~mask) raises, and is rejected.
+CHECKS_FLOAT_MASK = _SOLUTION_CHECKS.replace("MASK_CHANGE", "mask = mask.astype(float)").replace("CALL", _GUARDED_CALL)
+
+# Bug: an attention that raises makes the checks raise, instead of returning False.
+CHECKS_LET_ERRORS_ESCAPE = _SOLUTION_CHECKS.replace("MASK_CHANGE", "").replace(
+    "CALL", "out, weights = attention(q, k, v, mask=keep)")
+
+# Bug: a query with no key to attend to, which Exercise 2 excludes; correct implementations
+# may differ there (nan, or zeros), and one that returns zeros is rejected.
+CHECKS_PROBE_EMPTY_ROWS = _SOLUTION_CHECKS.replace("MASK_CHANGE", "mask[2] = False").replace("CALL", _GUARDED_CALL)
+
+# Bug: masks only on scores of ordinary size, so a finite mask value of -1e4 goes unnoticed.
+CHECKS_MASK_ON_SMALL_SCORES = _SOLUTION_CHECKS.replace("MASK_CHANGE", "").replace("CALL", _GUARDED_CALL).replace(
+    "for keep in (None, mask):", "for keep in (None, mask) if q.max() < 100 else (None,):")
+
+# An attack: no checks at all, just the answers in the order the tests ask (the visible
+# cell: two correct implementations, then four wrong ones) and used to ask in the hidden
+# cells (two correct implementations, then the wrong ones).
+CHECKS_BY_CALL_COUNT = '''
+_asked = []
+
+def passes_attention_checks(attention):
+    _asked.append(attention)
+    return len(_asked) in (1, 2, 7, 8)
 '''
 
 SYMMETRIES_INVARIANCE = '''
@@ -366,6 +447,17 @@ def scaled_dot_product_attention(q, k, v, mask=None):
     return np.matmul(weights, v), weights
 '''
 
+# The maximum over the kept keys only, and zeros written where the mask says so.
+STYLE_SDPA_MASKED_MAX = '''
+def scaled_dot_product_attention(q, k, v, mask=None):
+    scores = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    keep = np.ones(scores.shape, dtype=bool) if mask is None else np.broadcast_to(mask, scores.shape)
+    top = np.max(scores, axis=-1, where=keep, initial=-np.inf, keepdims=True)
+    e = np.exp(scores - top, where=keep, out=np.zeros_like(scores))
+    weights = e / e.sum(axis=-1, keepdims=True)
+    return weights @ v, weights
+'''
+
 STYLE_MHA_LOOP = '''
 def multi_head_attention(x, w_q, w_k, w_v, w_o, num_heads):
     unbatched = x.ndim == 2
@@ -433,13 +525,14 @@ def passes_attention_checks(attention):
     rng = np.random.default_rng(7)
     q, k, v = rng.normal(size=(2, 3, 6)), rng.normal(size=(2, 4, 6)), rng.normal(size=(2, 4, 1))
     keep = np.array([[True, True, False, False], [False, True, True, False], [True, False, False, True]])
-    for scale in (1.0, 100.0):
+    # The last pair: keys opposite to the queries, every score far below -1e4.
+    for qs, ks in [(q, k), (100 * q, 100 * k), (300 * np.abs(q), -300 * np.abs(k))]:
         for mask in (None, keep):
-            tq, tk, tv = (torch.from_numpy(a) for a in (q * scale, k * scale, v))
+            tq, tk, tv = (torch.from_numpy(a) for a in (qs, ks, v))
             tm = None if mask is None else torch.from_numpy(mask)
             eye = torch.eye(4, dtype=torch.float64).expand(2, 4, 4)
             try:
-                out, weights = attention(q * scale, k * scale, v, mask=mask)
+                out, weights = attention(qs, ks, v, mask=mask)
                 ok = (np.allclose(out, F.scaled_dot_product_attention(tq, tk, tv, attn_mask=tm).numpy())
                       and np.allclose(weights, F.scaled_dot_product_attention(tq, tk, eye, attn_mask=tm).numpy()))
             except Exception:
@@ -453,15 +546,15 @@ STYLE_CHECKS_PROPERTIES = '''
 def passes_attention_checks(attention):
     """Properties from the chapter, then one comparison with my own attention."""
     rng = np.random.default_rng(3)
-    q, k, v = rng.normal(size=(4, 5)), rng.normal(size=(7, 5)), rng.normal(size=(7, 3))
+    q, k, v = rng.normal(size=(2, 4, 5)), rng.normal(size=(2, 7, 5)), rng.normal(size=(2, 7, 3))
     mask = rng.random((4, 7)) < 0.5
     mask[:, 2] = True
     try:
-        for big in (1.0, 1e3):
-            out, w = attention(q * big, k, v, mask=mask)
-            if not (np.all(np.isfinite(out)) and np.allclose(w.sum(axis=1), 1) and np.all(w[~mask] == 0)):
+        for qs, ks in [(q, k), (1e3 * q, k), (300 * np.abs(q), -300 * np.abs(k))]:  # last: all scores << -1e4
+            out, w = attention(qs, ks, v, mask=mask)
+            if not (np.all(np.isfinite(out)) and np.allclose(w.sum(axis=-1), 1) and np.all(w[:, ~mask] == 0)):
                 return False
-            ref_out, ref_w = scaled_dot_product_attention(q * big, k, v, mask)
+            ref_out, ref_w = scaled_dot_product_attention(qs, ks, v, mask)
             if not (np.allclose(w, ref_w) and np.allclose(out, ref_out)):
                 return False
     except Exception:
@@ -504,6 +597,7 @@ CORRECT = {
     "sdpa_einsum_additive_mask": {"scaled_dot_product_attention": STYLE_SDPA_EINSUM},
     "sdpa_large_negative_mask": {"scaled_dot_product_attention": STYLE_SDPA_MATMUL_LARGE_NEGATIVE},
     "sdpa_returns_list": {"scaled_dot_product_attention": STYLE_SDPA_LIST_RESULT},
+    "sdpa_masked_max": {"scaled_dot_product_attention": STYLE_SDPA_MASKED_MAX},
     "sdpa_log_mask_warns": {"scaled_dot_product_attention": STYLE_SDPA_LOG_MASK},
     "mha_loop_over_heads": {"multi_head_attention": STYLE_MHA_LOOP,
                             "passes_attention_checks": STYLE_CHECKS_AGAINST_TORCH},
@@ -524,8 +618,10 @@ BUGGY = {
     # softmax_jvp builds on the student's softmax, so a softmax mistake costs it too.
     "softmax_ignores_axis": ({"softmax": SOFTMAX_IGNORES_AXIS},
                              {"test_softmax", "test_softmax_any_axis", "test_softmax_stable"} | JVP_CELLS),
+    # The visible attention test's scores of 1e6 overflow it too.
     "softmax_unstable": ({"softmax": SOFTMAX_UNSTABLE},
-                         {"test_softmax", "test_softmax_stable", "test_sdpa_extreme_scores"} | JVP_CELLS),
+                         {"test_softmax", "test_softmax_stable", "test_scaled_dot_product_attention",
+                          "test_sdpa_extreme_scores"} | JVP_CELLS),
     "softmax_global_max": ({"softmax": SOFTMAX_GLOBAL_MAX},
                            {"test_softmax_stable", "test_sdpa_extreme_scores", "test_softmax_jvp_hidden"}),
     # Graded, the student's changes to its arguments never reach the test's arrays,
@@ -544,7 +640,14 @@ BUGGY = {
     "sdpa_softmax_over_queries": ({"scaled_dot_product_attention": SDPA_SOFTMAX_OVER_QUERIES},
                                   SDPA_CELLS | MHA_CELLS),
     "sdpa_mask_after_softmax": ({"scaled_dot_product_attention": SDPA_MASK_AFTER_SOFTMAX},
-                                {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked"}),
+                                {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked",
+                                 "test_sdpa_extreme_scores"}),
+    # Right on unit-scale masks; the visible test's mask on scores of -1e6 and +1e6, and the
+    # extreme cell's masks on scores in the thousands and beyond, expose it.
+    "sdpa_finite_mask": ({"scaled_dot_product_attention": SDPA_FINITE_MASK},
+                         {"test_scaled_dot_product_attention", "test_sdpa_extreme_scores"}),
+    "sdpa_additive_penalty": ({"scaled_dot_product_attention": SDPA_ADDITIVE_PENALTY},
+                              {"test_scaled_dot_product_attention", "test_sdpa_extreme_scores"}),
     # The visible multi-head test compares one head with the student's own attention, so only the hidden one sees it.
     "sdpa_scales_by_d_v": ({"scaled_dot_product_attention": SDPA_SCALE_BY_D_V},
                            {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_mha_hidden"}),
@@ -569,9 +672,24 @@ BUGGY = {
     "checks_never_mask": ({"passes_attention_checks": CHECKS_NEVER_MASK},
                           {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_square_and_small": ({"passes_attention_checks": CHECKS_SQUARE_AND_SMALL},
-                                {"test_attention_checks_catch_bugs"}),
+                                {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
     "checks_exact_equality": ({"passes_attention_checks": CHECKS_EXACT_EQUALITY},
                               {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
+    # Each of these four the visible cell now catches too (a correct attention that needs a
+    # boolean mask, one that raises, one with -1e4, PyTorch's zeros on a row with no key).
+    "checks_float_mask": ({"passes_attention_checks": CHECKS_FLOAT_MASK},
+                          {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
+    "checks_let_errors_escape": ({"passes_attention_checks": CHECKS_LET_ERRORS_ESCAPE},
+                                 {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
+    "checks_probe_empty_rows": ({"passes_attention_checks": CHECKS_PROBE_EMPTY_ROWS},
+                                {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
+    "checks_mask_on_small_scores": ({"passes_attention_checks": CHECKS_MASK_ON_SMALL_SCORES},
+                                    {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
+    # Answers by call number, in the order the hidden implementations used to come in: the
+    # visible cell passes; the hidden ones mix correct and wrong implementations in an order
+    # drawn from the submission, and need the plainest of each judged right.
+    "checks_by_call_count": ({"passes_attention_checks": CHECKS_BY_CALL_COUNT},
+                             {"test_attention_checks_accept_correct", "test_attention_checks_catch_bugs"}),
     "symmetries_invariance": ({"commuting_permutations": SYMMETRIES_INVARIANCE}, SYMMETRY_CELLS),
     "symmetries_inverse_permutation": ({"commuting_permutations": SYMMETRIES_INVERSE_PERMUTATION}, SYMMETRY_CELLS),
     "symmetries_only_swaps": ({"commuting_permutations": SYMMETRIES_ONLY_SWAPS}, SYMMETRY_CELLS),

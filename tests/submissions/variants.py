@@ -95,6 +95,28 @@ def left_padded_causal_attention(q, k, v, lengths):
     return (weights * real) @ v  # Bug: padding removed after the softmax, rows no longer sum to 1
 '''
 
+PADDED_ADDITIVE_PENALTY = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    keep = (idx[None, None, :] <= idx[None, :, None]) & (idx[None, None, :] >= n - np.asarray(lengths)[:, None, None])
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2]) - 1e9 * ~keep  # Bug: huge padding outweighs -1e9
+    has_key = keep.any(axis=-1, keepdims=True)
+    return np.where(has_key, softmax(scores), 0.0) @ v
+'''
+
+PADDED_MAX_OVER_ALL_KEYS = '''
+def left_padded_causal_attention(q, k, v, lengths):
+    n = q.shape[1]
+    idx = np.arange(n)
+    keep = (idx[None, None, :] <= idx[None, :, None]) & (idx[None, None, :] >= n - np.asarray(lengths)[:, None, None])
+    scores = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[2])
+    scores = scores - scores.max(axis=-1, keepdims=True)  # Bug: the maximum over padding keys too
+    e = np.where(keep, np.exp(scores), 0.0)
+    total = e.sum(axis=-1, keepdims=True)
+    return e / np.where(total > 0, total, 1.0) @ v
+'''
+
 # --- grouped-query KV cache ---------------------------------------------------------
 
 STEP_INTERLEAVED_GROUPS = '''
@@ -236,6 +258,17 @@ def entropy_temperature_slope(scores, tau):
     return np.var(scores, axis=-1) / tau ** 3  # Bug: the variance over keys, not under the weights p
 '''
 
+SLOPE_GLOBAL_MAX = '''
+def entropy_temperature_slope(scores, tau):
+    keep = np.isfinite(scores)
+    s = np.where(keep, scores, 0.0)
+    z = np.where(keep, scores, -np.inf) / tau
+    e = np.exp(z - np.max(z))  # Bug: one maximum for the whole array; rows far below it give 0/0
+    p = e / e.sum(axis=-1, keepdims=True)
+    centred = s - (p * s).sum(axis=-1, keepdims=True)
+    return (p * centred ** 2).sum(axis=-1) / tau ** 3
+'''
+
 SLOPE_RAW_MOMENTS = '''
 def entropy_temperature_slope(scores, tau):
     keep = np.isfinite(scores)
@@ -282,6 +315,19 @@ def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
     d_q = q.shape[-1]
     hidden = np.tanh((q @ w_cat[:d_q])[:, None, :] + (k @ w_cat[d_q:])[None, :, :])
     weights = _masked_weights(hidden @ w_score, key_mask)
+    return weights @ v, weights
+'''
+
+ADDITIVE_FINITE_MASK = '''
+def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
+    d_q = q.shape[-1]
+    scores = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :]) @ w_score
+    if key_mask is None:
+        weights = softmax(scores)
+    else:
+        real = np.asarray(key_mask, dtype=bool)[..., None, :]
+        weights = softmax(np.where(real, scores, -1e4))  # Bug: scores below -1e4 lose to the masked keys
+        weights = np.where(real.any(axis=-1, keepdims=True), weights, 0.0)
     return weights @ v, weights
 '''
 
@@ -636,6 +682,12 @@ BUGGY = {
                                  PADDED_CELLS - {"test_left_padded_values"}),
     "padded_loses_diagonal": ({"left_padded_causal_attention": PADDED_LOSES_DIAGONAL},
                               PADDED_CELLS - {"test_left_padded_empty_rows"}),
+    # Right for junk in the hundreds; padding of 1e12 and beyond (in the visible test too)
+    # outweighs the penalty, or leaves every kept exp at 0.
+    "padded_additive_penalty": ({"left_padded_causal_attention": PADDED_ADDITIVE_PENALTY},
+                                {"test_left_padded_causal_attention", "test_left_padded_values"}),
+    "padded_max_over_all_keys": ({"left_padded_causal_attention": PADDED_MAX_OVER_ALL_KEYS},
+                                 {"test_left_padded_causal_attention", "test_left_padded_values"}),
     "padded_mask_after_softmax": ({"left_padded_causal_attention": PADDED_MASK_AFTER_SOFTMAX},
                                   PADDED_CELLS - {"test_left_padded_empty_rows"}),
     # decode_with_kv_cache calls decode_step, so a broken step costs both.
@@ -654,7 +706,12 @@ BUGGY = {
     "slope_nan_on_masked_keys": ({"entropy_temperature_slope": SLOPE_NAN_ON_MASKED},
                                  {"test_entropy_temperature_slope", "test_slope_limits"}),
     "slope_unweighted_variance": ({"entropy_temperature_slope": SLOPE_UNWEIGHTED_VARIANCE}, SLOPE_CELLS),
-    "slope_raw_moments": ({"entropy_temperature_slope": SLOPE_RAW_MOMENTS}, {"test_slope_limits"}),
+    # The visible test's row at 1e6 and the hidden rows near a million expose both.
+    "slope_raw_moments": ({"entropy_temperature_slope": SLOPE_RAW_MOMENTS},
+                          {"test_entropy_temperature_slope", "test_slope_limits"}),
+    "slope_global_max": ({"entropy_temperature_slope": SLOPE_GLOBAL_MAX},
+                         {"test_entropy_temperature_slope", "test_slope_limits"}),
+    "additive_finite_mask": ({"concat_additive_attention": ADDITIVE_FINITE_MASK}, {"test_additive_key_mask"}),
     # The extreme cell has d_q == d_k, where splitting after d_k rows happens to be right.
     "additive_split_at_d_k": ({"concat_additive_attention": ADDITIVE_SPLIT_AT_D_K},
                               ADDITIVE_CELLS - {"test_additive_extreme"}),
@@ -668,7 +725,9 @@ BUGGY = {
                                     {"test_concat_additive_attention", "test_additive_key_mask"}),
     "additive_concatenated_pairs": ({"concat_additive_attention": ADDITIVE_CONCATENATED_PAIRS},
                                     {"test_concat_additive_attention", "test_additive_memory"}),
-    "additive_unstable_softmax": ({"concat_additive_attention": ADDITIVE_UNSTABLE}, {"test_additive_extreme"}),
+    # The key-mask cell's long w_score overflows it too.
+    "additive_unstable_softmax": ({"concat_additive_attention": ADDITIVE_UNSTABLE},
+                                  {"test_additive_extreme", "test_additive_key_mask"}),
     "decoder_self_attention_not_causal": ({"DecoderLayer": DECODER_NOT_CAUSAL}, DECODER_CELLS),
     "decoder_cross_keys_from_target": ({"DecoderLayer": DECODER_CROSS_KEYS_FROM_X}, DECODER_CELLS),
     "decoder_ignores_norm_first": ({"DecoderLayer": DECODER_IGNORES_NORM_FIRST}, {"test_decoder_pre_norm"}),

@@ -1,0 +1,72 @@
+"""The tuned forward kernel (bookutils.flash_tuned) computes what the teaching
+kernel computes: the same output and natural-log log-sum-exp as the float64
+reference, in float16, for ragged lengths, causal or not, head dimensions from
+16 to 128, and inputs in any layout with unit last stride; its log-sum-exp
+feeds the instructor's backward kernels; it autotunes over one configuration
+under the interpreter. Kernels run in Triton's interpreter here, natively on a GPU."""
+import numpy as np
+import pytest
+import torch
+
+from autograde.reference import flash as ref
+from bookutils.flash_tuned import CONFIGS, INTERPRETER_CONFIG, _tuned_forward_kernel, flash_forward_tuned
+from coursekit.triton_env import triton_device
+from coursekit.triton_trace import interpreting
+
+DEVICE = triton_device(quiet=True)
+
+
+def _reference(q, k, v, causal, scale=None):
+    return ref.attention_with_lse(*(t.double().cpu().numpy() for t in (q, k, v)), causal, scale)
+
+
+@pytest.mark.parametrize("n, d, causal", [(1, 16, True), (45, 16, False), (45, 16, True), (64, 64, True),
+                                          (100, 24, True), (97, 80, False), (130, 128, True), (128, 128, False)])
+def test_tuned_kernel_matches_the_reference_in_float16(n, d, causal):
+    gen = torch.Generator().manual_seed(n * d)
+    q, k, v = (torch.randn(2, 2, n, d, generator=gen).half().to(DEVICE) for _ in range(3))
+    out, lse = flash_forward_tuned(q, k, v, causal=causal)
+    ref_out, ref_lse = _reference(q, k, v, causal)
+    assert out.dtype == torch.float16 and lse.dtype == torch.float32
+    # float16 output: within a few spacings of float16 near 1; the log-sum-exp is computed in float32
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref_out, atol=3e-3, rtol=0)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-3 if DEVICE == "cuda" else 1e-5, rtol=0)
+
+
+def test_tuned_kernel_takes_a_custom_scale_and_strided_inputs():
+    x = torch.randn(2, 70, 3, 32).to(DEVICE)      # (batch, n, heads, d) viewed as (batch, heads, n, d)
+    q = k = v = x.transpose(1, 2)
+    out, lse = flash_forward_tuned(q, k, v, causal=True, sm_scale=0.3)
+    ref_out, ref_lse = _reference(q, k, v, True, 0.3)
+    tol = 1e-5 if DEVICE == "cpu" else 2e-2
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref_out, atol=tol)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=tol)
+
+
+def test_tuned_kernel_refuses_heads_wider_than_128():
+    x = torch.zeros(1, 1, 4, 129, device=DEVICE)
+    with pytest.raises(ValueError, match="up to 128"):
+        flash_forward_tuned(x, x, x)
+
+
+def test_autotuning_has_one_configuration_in_the_interpreter_and_all_on_a_gpu():
+    configs = [(c.kwargs["BLOCK_M"], c.kwargs["BLOCK_N"], c.num_warps, c.num_stages)
+               for c in _tuned_forward_kernel.configs]
+    assert configs == ([INTERPRETER_CONFIG] if interpreting() else list(CONFIGS))
+    # every configuration's diagonal band is whole key blocks
+    assert all(m % n == 0 for m, n, _, _ in CONFIGS + (INTERPRETER_CONFIG,))
+
+
+def test_instructors_backward_accepts_the_tuned_forward():
+    from autograde.solution_kernels import chapter4_kernels
+    from bookutils.benchmark import with_backward
+
+    kernels = chapter4_kernels()
+    attention = with_backward(flash_forward_tuned, kernels.flash_attention_backward)
+    leaves = [torch.randn(1, 2, 37, 16, dtype=torch.float64).requires_grad_() for _ in range(3)]
+    do = torch.randn(1, 2, 37, 16, dtype=torch.float64)
+    found = torch.autograd.grad(attention(*(t.float().to(DEVICE) for t in leaves), True), leaves, do.to(DEVICE))
+    expected = torch.autograd.grad(torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=True),
+                                   leaves, do)
+    for f, e in zip(found, expected):
+        torch.testing.assert_close(f.double().cpu(), e, atol=1e-4 if DEVICE == "cpu" else 3e-2, rtol=0)
