@@ -19,6 +19,8 @@ import numpy as np
 
 from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
                                expect_sequence)
+from autograde.kernel_compile import TARGETS as COMPILE_TARGETS
+from autograde.kernel_compile import compile_kernels
 from autograde.memory import traced_peak
 from autograde.reference import flash as ref
 from autograde.sandbox import changed_in_place, in_student_process, note_sighting
@@ -473,6 +475,33 @@ def _judge_follow(launcher, what, names, replayed, expected, accepted, budget, t
                          "and values with some signs changed: a formula that only holds for some inputs.")
 
 
+def _check_compiles(launcher, calls, what):
+    """The kernels `launcher` starts for `calls` (the hidden tests' calls, in the dtype a
+    GPU gets) must compile for COMPILE_TARGETS, not only run in the interpreter: one
+    launch per kernel, compiled in a jail (autograde.kernel_compile). What the compiler
+    makes of them (registers, spills, occupancy) is printed as advice."""
+    kernels = in_student_process(probes.launched_kernels, launcher, calls, what)
+    if not kernels:
+        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
+    advice = []
+    for kernel, targets in zip(kernels, compile_kernels(launcher, kernels)):
+        for target in targets:
+            if target.compiles is None:
+                advice.append(f"{kernel['kernel']}: {target.problem()}")
+            elif not target.compiles:
+                where = target.where
+                at = f" (in {where['function']}, line {where['line']} of its cell: {where['text']})" if where else ""
+                message = where["message"] if where else (target.error or "").strip().splitlines()[-1]
+                raise GradingFailure(
+                    f"{kernel['kernel']} runs in Triton's interpreter but does not compile for an {target.target} "
+                    f"({target.arch}){at}: {message}. Inside @triton.jit, use tl operations, other @triton.jit "
+                    "functions and constexpr values only: NumPy, math on tensors or a plain Python function run in "
+                    "the interpreter, which executes kernels with NumPy, but not on a GPU.")
+            else:
+                advice.append(f"{kernel['kernel']} [{kernel['label']}] on {target.summary()}")
+    print(f"What {' and '.join(COMPILE_TARGETS)} make of your kernels (advice, not points):\n  " + "\n  ".join(advice))
+
+
 # ------------------------------------------------------------- the backward kernels in Triton
 
 BWD_HINT = ("Check D = rowsum(dO * O), P = exp(sm_scale * QK^T - lse) with the masks for the ragged last block and "
@@ -589,6 +618,19 @@ def check_bwd_gqa(flash_attention_backward):
     for i, (shape, causal) in enumerate([((1, 4, 2, 40, 16), False), ((2, 4, 1, 33, 32), True),
                                          ((1, 6, 3, 64, 16), True), ((2, 8, 2, 20, 16), False)]):
         _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i, follow=i == 0)
+
+
+def check_bwd_compiles(flash_attention_backward):
+    """The backward kernels, as the hidden tests launch them on a GPU (float16, causal
+    and not, q of shape (1, 2, 64, 32)), must compile for an A100 and an H100."""
+    import torch
+
+    calls = []
+    for causal in (False, True):
+        inputs, _, _ = _bwd_inputs((1, 2, 2, 64, 32), causal, None, seed=750, dtype=torch.float16, magnitude=1.0,
+                                   layout="contiguous")
+        calls.append((list(inputs), {"causal": causal}))
+    _check_compiles(flash_attention_backward, calls, "flash_attention_backward (its kernels compiled for GPUs)")
 
 
 def bwd_overhead_allowance(d, element_size):
@@ -783,3 +825,17 @@ def check_decode_split(decode_attention):
         raise GradingFailure(
             f"decode_attention on a cache of {max_len} positions launched grids of {grids} programs, never more than "
             f"one program per (sequence, query head) ({batch * heads}): " + advice)
+
+
+def check_decode_compiles(decode_attention):
+    """The decoding kernels, as the hidden tests launch them on a GPU (float16, caches of
+    96 and 50 positions, 4 query heads sharing 2), must compile for an A100 and an H100."""
+    import torch
+
+    device, _ = _device_and_dtype(None)
+    gen = torch.Generator().manual_seed(1250)
+    q = torch.randn(2, 4, 32, generator=gen).half()
+    k_cache, v_cache = (torch.randn(2, 2, 96, 32, generator=gen).half() for _ in range(2))
+    lens = torch.tensor([96, 50], dtype=torch.int32)
+    calls = [([t.to(device) for t in (q, k_cache, v_cache, lens)], {})]
+    _check_compiles(decode_attention, calls, "decode_attention (its kernels compiled for GPUs)")

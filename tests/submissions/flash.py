@@ -191,6 +191,19 @@ BWD_NXN_SCRATCH = edit("flash_attention_backward", "    block_m = block_n = 32\n
                        "    block_m = block_n = 32\n"
                        "    scratch = torch.empty((batch, heads, seq_len, seq_len), device=q.device)  # Bug: N x N\n")
 
+# Kernels that run only in the interpreter: NumPy inside @triton.jit computes on the
+# interpreter's arrays, and a plain Python helper runs as Python; neither compiles for a GPU.
+BWD_NUMPY_IN_KERNEL = edit("bwd_dkdv_kernel", "p_t = tl.where(keep, tl.exp(s_t - lse[None, :]), 0.0)",
+                           "p_t = tl.where(keep, np.exp(s_t - lse[None, :]), 0.0)  # Bug: NumPy inside a kernel")
+
+DECODE_PLAIN_PYTHON_HELPER = {"decode_split_kernel": """
+def _scaled_scores(k, q, sm_scale):   # Bug: a plain Python function (no @triton.jit) called by the kernel
+    return tl.sum(k * q[None, :], axis=1) * sm_scale
+
+
+""" + _edit("decode_split_kernel", 's = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, -float("inf"))',
+            's = tl.where(valid, _scaled_scores(k, q, sm_scale), -float("inf"))')}
+
 BWD_GRADS_IN_TORCH = {"flash_attention_backward": """
 @triton.jit
 def _copy(X, Y, n, BLOCK: tl.constexpr):
@@ -437,6 +450,7 @@ BUGGY = {
                                       {"test_flash_attention_backward", "test_bwd_output_hidden"}),
     "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_bwd_output_hidden"}),
     "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_bwd_memory_hidden"}),
+    "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
     "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
@@ -448,6 +462,7 @@ BUGGY = {
     "decode_assumes_contiguous_inputs": (DECODE_ASSUMES_CONTIGUOUS,
                                          {"test_decode_attention", "test_decode_output_hidden"}),
     "decode_merge_without_max": (DECODE_MERGE_WITHOUT_MAX, {"test_decode_output_hidden"}),
+    "decode_plain_python_helper_in_a_kernel": (DECODE_PLAIN_PYTHON_HELPER, {"test_decode_compiles_hidden"}),
     "decode_copy_kernel_then_one_program_per_head": (DECODE_COPY_THEN_UNSPLIT, {"test_decode_split_hidden"}),
 }
 
