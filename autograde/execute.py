@@ -232,10 +232,10 @@ class NotebookRun:
                 elif self.dead or self._time_left() <= 0:
                     reason = self.dead or "not run: the notebook's time limit was reached"
                     cell.outputs = [_not_run(reason)]
-                elif is_setup_cell(cell):
-                    self._run_setup_cell(cell, label)
                 elif _not_run_when_graded(cell):
                     cell.outputs = []
+                elif is_setup_cell(cell):
+                    self._run_setup_cell(cell, label)
                 else:
                     self._run_student_cell(cell, label)
         finally:
