@@ -373,6 +373,8 @@ class NotebookRun:
                 elif self.dead or self._time_left() <= 0:
                     reason = self.dead or "not run: the notebook's time limit was reached"
                     cell.outputs = [_not_run(reason)]
+                elif _not_run_when_graded(cell):
+                    cell.outputs = []
                 elif is_setup_cell(cell):
                     self._run_setup_cell(cell, label)
                 else:
@@ -390,6 +392,17 @@ class NotebookRun:
                     self.result.sightings.append((sighting.get("what", "audit"), sighting.get("cell") or "notebook",
                                                   sighting.get("detail", "")))
         return self.result
+
+
+NOT_RUN_TAG = "not-run-when-graded"
+
+
+def _not_run_when_graded(cell):
+    """A read-only cell (the instructor's, restored before grading) tagged as being for
+    the student only, e.g. one that compiles the student's kernels for show: the hidden
+    tests do the same in the grader's own way."""
+    meta = _nb(cell)
+    return meta.get("locked") and not meta.get("solution") and NOT_RUN_TAG in cell.get("metadata", {}).get("tags", [])
 
 
 def execute_notebook(notebook, **options):

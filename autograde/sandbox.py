@@ -1127,6 +1127,35 @@ def in_student_process(helper, *args, **kwargs):
     return remote._sandbox.call({"ref": f"{helper.__module__}:{helper.__qualname__}"}, args, kwargs)
 
 
+_JAIL_LIB = None  # the student-side packages staged for helper processes (jailed_python)
+
+
+def jailed_python(code, uid=None):
+    """argv of a Python process that runs `code` as student code runs: the
+    student-side packages importable, a minimal environment, in namespaces of its
+    own with a private writable /tmp/work (unless the instructor chose process
+    limits only), and, when the grader is root, as `uid`. For helper processes that
+    evaluate a student's code outside the student's process, such as the compiler
+    of its kernels (autograde.kernel_compile)."""
+    global _JAIL_LIB
+    drop = ["setpriv", f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--"] if uid is not None else []
+    env = {"PATH": "/usr/bin:/bin", "HOME": "/tmp/work", "TMPDIR": "/tmp/work", "LANG": "C.UTF-8",
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    if not ISOLATE:
+        lib = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+        return ["env", "-i", *(f"{k}={v}" for k, v in {**env, "HOME": tempfile.gettempdir(),
+                                                        "TMPDIR": tempfile.gettempdir()}.items()),
+                *drop, sys.executable, "-c", f"import sys; sys.path.insert(0, {lib!r}); {code}"]
+    if _JAIL_LIB is None:
+        _JAIL_LIB = _stage_student_packages(tempfile.mkdtemp(prefix="grader-jail-"))
+        atexit.register(shutil.rmtree, os.path.dirname(_JAIL_LIB), True)
+    options = _bwrap_prefix(_JAIL_LIB) + ["--perms", "01777", "--dir", "/tmp/work", "--chdir", "/tmp/work",
+                                          "--clearenv"]
+    for name, value in env.items():
+        options += ["--setenv", name, value]
+    return options + ["--", *drop, _sandbox_python(), "-c", f"import sys; sys.path.insert(0, '/course/lib'); {code}"]
+
+
 def note_sighting(value, what, detail):
     """Put `what` in the integrity report of the student whose object `value`
     is (a check saw something a person should look at); nothing for a local object."""
@@ -1174,4 +1203,5 @@ def is_instance(value, cls):
 
 
 __all__ = ["EnvironmentFailure", "Limits", "Remote", "Sandbox", "SandboxLost", "find_remote", "forfeit",
-           "in_student_process", "is_instance", "note_sighting", "reported_during", "student_function"]
+           "in_student_process", "is_instance", "jailed_python", "note_sighting", "reported_during",
+           "student_function"]

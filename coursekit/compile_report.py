@@ -363,13 +363,16 @@ def _disk_put(cache_dir, key, record):
 
 
 class _Worker:
-    """One compiling process, fed one job at a time."""
+    """One compiling process, fed one job at a time. command(workdir), when given,
+    is the argv that starts it (e.g. inside a sandbox); by default this Python
+    runs coursekit.compile_worker from this tree."""
 
     _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
              "from coursekit.compile_worker import main; main()")
 
-    def __init__(self, workdir):
+    def __init__(self, workdir, command=None):
         self.workdir = workdir
+        self.command = command
         self.proc = None
 
     def _start(self):
@@ -380,9 +383,9 @@ class _Worker:
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, stated to silence its warning
         root = str(Path(__file__).resolve().parent.parent)
         self.stderr = open(os.path.join(self.workdir, "worker-stderr.txt"), "w+")
-        self.proc = subprocess.Popen([sys.executable, "-c", self._BOOT.format(root=root)], cwd=self.workdir,
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.stderr,
-                                     text=True)
+        argv = self.command(self.workdir) if self.command else [sys.executable, "-c", self._BOOT.format(root=root)]
+        self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=self.stderr, text=True)
 
     def run(self, job, timeout):
         if self.proc is None or self.proc.poll() is not None:
@@ -432,22 +435,42 @@ def default_workers():
     return max(1, min(2, cores))
 
 
-def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None, workers=None, timeout=600):
+def described(launches):
+    """The launches as plain data (dicts of text and numbers) for compiling elsewhere:
+    'kernel' (its name), 'label' (Specialisation.label), 'description'
+    (coursekit.kernel_source.describe) and 'job' (Specialisation.as_job)."""
+    descriptions, out = {}, []
+    for launch in launches:
+        fn = raw_function(launch.kernel)
+        if id(fn) not in descriptions:
+            descriptions[id(fn)] = describe(launch.kernel)
+        out.append({"kernel": launch.spec.kernel, "label": launch.spec.label(), "description": descriptions[id(fn)],
+                    "job": launch.spec.as_job(list(_arg_names(fn)))})
+    return out
+
+
+def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None, workers=None, timeout=600,
+                    command=None):
     """A KernelReport per Launch (kernel and Specialisation), compiled for each
     target, `workers` compiling processes at a time. artefacts: texts to keep
     ('ttir', 'ttgir', 'llir', 'ptx', 'sass'). cache_dir: a directory for results
-    (default: $COURSEKIT_COMPILE_CACHE, else none)."""
+    (default: $COURSEKIT_COMPILE_CACHE, else none). command: see _Worker."""
+    launches = list(launches)
+    per_kernel = compile_described(described(launches), targets, artefacts, cache_dir, workers, timeout, command)
+    return [KernelReport(launch.spec.kernel, launch.spec, reports) for launch, reports in zip(launches, per_kernel)]
+
+
+def compile_described(kernels, targets=TARGET_NAMES, artefacts=(), cache_dir=None, workers=None, timeout=600,
+                      command=None):
+    """For kernels given as plain data (see described), a tuple of TargetReports each,
+    one per target, in order."""
     cache_dir = cache_dir if cache_dir is not None else os.environ.get(CACHE_ENV) or None
     unknown = [t for t in targets if t not in TARGETS]
     if unknown:
         raise ValueError(f"unknown target {unknown[0]!r}: choose from {', '.join(TARGETS)}")
-    descriptions, jobs, records = {}, [], {}
-    for i, launch in enumerate(launches):
-        fn = raw_function(launch.kernel)
-        if id(fn) not in descriptions:
-            descriptions[id(fn)] = describe(launch.kernel)
-        description = descriptions[id(fn)]
-        job_spec = launch.spec.as_job(list(_arg_names(fn)))
+    jobs, records = [], {}
+    for i, kernel in enumerate(kernels):
+        description, job_spec = kernel["description"], kernel["job"]
         for target in targets:
             # in this process by kernel, location and launch; on disk (successes only) without the location
             key = _cache_key(description, job_spec, target, artefacts)
@@ -472,7 +495,7 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
             count = min(workers or default_workers(), len(jobs))
             for n in range(count):
                 os.makedirs(os.path.join(workdir, str(n)))
-                pool.put(_Worker(os.path.join(workdir, str(n))))
+                pool.put(_Worker(os.path.join(workdir, str(n)), command))
 
             def run(job):
                 slot, (key, disk_key), payload = job
@@ -493,12 +516,9 @@ def compile_reports(launches, targets=TARGET_NAMES, artefacts=(), cache_dir=None
             finally:
                 while not pool.empty():
                     pool.get().close()
-    reports = []
-    for i, launch in enumerate(launches):
-        fields = {f.name for f in dataclasses.fields(TargetReport)}
-        per_target = tuple(TargetReport(**{k: v for k, v in records[i, t].items() if k in fields}) for t in targets)
-        reports.append(KernelReport(launch.spec.kernel, launch.spec, per_target))
-    return reports
+    fields = {f.name for f in dataclasses.fields(TargetReport)}
+    return [tuple(TargetReport(**{k: v for k, v in records[i, t].items() if k in fields}) for t in targets)
+            for i in range(len(kernels))]
 
 
 def _arg_names(fn):

@@ -125,7 +125,7 @@ def _sources(kernel):
             continue
         found[fn._src] = (fn.file_name, fn.def_file_line_number, fn.fn.__name__)
         todo += [v for v in fn.fn.__globals__.values() if isinstance(v, JITCallable) and hasattr(v, "_src")
-                 and v.fn.__module__.split(".")[0] != "triton"]
+                 and (v.fn.__module__ or "").split(".")[0] != "triton"]     # rebuilt functions have no module
     return found
 
 

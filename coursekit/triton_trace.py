@@ -8,7 +8,10 @@ counts as one load and one store of its lanes. The interpreter runs the programs
 of a launch one after another, where a GPU runs them at once: the trace also
 counts the addresses that more than one program of a launch wrote with plain
 (non-atomic) stores, whose result on a GPU depends on which program wins. On a
-GPU only launches are counted."""
+GPU only launches (and their grids) are counted.
+
+`around_launch` lets a caller wrap every interpreted launch, e.g. to record it
+for a later replay (coursekit.kernel_replay)."""
 import collections
 import contextlib
 import os
@@ -31,6 +34,7 @@ class KernelTrace:
         self._stores = None
         self.loaded = collections.Counter()
         self.stored = collections.Counter()
+        self.log = []       # one (kernel name, programs, bytes loaded, bytes stored) per launch, in order
         self._current = None
 
     @property
@@ -65,12 +69,26 @@ def _shared_addresses(stores):
     return int(np.count_nonzero(counts > 1))
 
 
+def _programs(grid, kwargs):
+    """The number of programs of a compiled launch; None when a grid function
+    needs arguments it is not given here."""
+    try:
+        shape = grid(kwargs) if callable(grid) else grid
+        shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
+        return int(np.prod([int(g) for g in shape]))
+    except Exception:  # noqa: BLE001 (the student's grid function; the launch itself will tell)
+        return None
+
+
 @contextlib.contextmanager
-def trace_kernels(shared_stores=True):
+def trace_kernels(shared_stores=True, around_launch=None):
     """Context manager yielding a KernelTrace filled in while it is active.
     shared_stores=False skips the record of store addresses (under the
     interpreter it holds every stored address of a launch: leave it off
-    while measuring the memory of the traced code)."""
+    while measuring the memory of the traced code). Under the interpreter,
+    around_launch(executor, args, kwargs, run) is called for each launch
+    instead of run(), which performs (and counts) the launch itself. Bytes are
+    None in the log on a GPU."""
     import triton.runtime.jit as jit
 
     trace = KernelTrace()
@@ -85,18 +103,27 @@ def trace_kernels(shared_stores=True):
         from triton.runtime import interpreter
 
         def launch(original):
-            def run(self, *args, **kwargs):
-                trace.launches[self.fn.__name__] += 1
+            def counted(self, *args, **kwargs):
+                name = self.fn.__name__
+                trace.launches[name] += 1
                 trace.modules.add(getattr(self.fn, "__module__", None))
-                outer, trace._current = trace._current, self.fn.__name__
+                outer, trace._current = trace._current, name
                 outer_stores, trace._stores = trace._stores, [] if shared_stores else None
+                loaded, stored = trace.bytes_loaded, trace.bytes_stored
                 try:
                     result = original(self, *args, **kwargs)
                     if shared_stores:
-                        trace.shared_stores[self.fn.__name__] += _shared_addresses(trace._stores)
+                        trace.shared_stores[name] += _shared_addresses(trace._stores)
+                    programs = int(np.prod(interpreter.interpreter_builder.grid_dim))
+                    trace.log.append((name, programs, trace.bytes_loaded - loaded, trace.bytes_stored - stored))
                     return result
                 finally:
                     trace._current, trace._stores = outer, outer_stores
+
+            def run(self, *args, **kwargs):
+                if around_launch is None:
+                    return counted(self, *args, **kwargs)
+                return around_launch(self, args, kwargs, lambda: counted(self, *args, **kwargs))
             return run
 
         def load(original):
@@ -132,11 +159,12 @@ def trace_kernels(shared_stores=True):
         patch(interpreter.InterpreterBuilder, "create_atomic_rmw", atomic)
     else:
         def compiled_launch(original):
-            def run(self, *args, **kwargs):
-                if not kwargs.get("warmup", False):
+            def run(self, *args, grid, warmup=False, **kwargs):
+                if not warmup:
                     trace.launches[self.fn.__name__] += 1
                     trace.modules.add(getattr(self.fn, "__module__", None))
-                return original(self, *args, **kwargs)
+                    trace.log.append((self.fn.__name__, _programs(grid, kwargs), None, None))
+                return original(self, *args, grid=grid, warmup=warmup, **kwargs)
             return run
 
         patch(jit.JITFunction, "run", compiled_launch)

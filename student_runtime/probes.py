@@ -1,10 +1,10 @@
 """Measurements taken in the student's process, where the student's code runs
 (the grader asks for them with autograde.sandbox.in_student_process): peak
 memory as the process sees it, Triton kernel launches and bytes, the PyTorch
-operators a launcher used. They return what they saw; the grader decides what
-it means, and checks what it can from outside (autograde.memory,
-autograde.recorded_calls, the process without PyTorch). Nothing here knows an
-expected answer."""
+operators a launcher used, a launcher's call replayed on changed inputs. They
+return what they saw; the grader decides what it means, and checks what it can
+from outside (autograde.memory, autograde.recorded_calls, the process without
+PyTorch). Nothing here knows an expected answer."""
 import contextlib
 
 import numpy as np
@@ -32,48 +32,6 @@ def inside_peak(fn, *args, **kwargs):
     return traced_peak(fn, *args, **kwargs)
 
 
-# Operators that compute attention (or its products) in PyTorch instead of a kernel.
-FORBIDDEN_OPS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "dot", "einsum", "softmax", "_softmax",
-                 "log_softmax", "_log_softmax", "scaled_dot_product", "flash_attention", "efficient_attention")
-
-
-def _forbidden(op_names):
-    return sorted({name for name in op_names
-                   if name in FORBIDDEN_OPS or "scaled_dot_product" in name or "attention" in name})
-
-
-# ---------------------------------------------------------------- Chapter 4: backward pass and decoding
-
-def _checked_kernels(what, ops, trace, stored_at_least, loaded_at_least):
-    """Shared rules for a launcher graded as Triton kernels: no attention or matrix
-    product in PyTorch, at least one launch, and (interpreter) the outputs stored by kernels."""
-    from coursekit.triton_trace import interpreting
-
-    used = _forbidden(ops.names)
-    if used:
-        raise GradingFailure(f"{what} used PyTorch's {', '.join(used)}: the computation must be done by your Triton "
-                             "kernels; the launcher may only allocate buffers and launch them.")
-    if trace.total_launches == 0:
-        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
-    borrowed = sorted(m for m in trace.modules if m and m.split(".")[0] in ("bookutils", "coursekit"))
-    if borrowed:
-        raise GradingFailure(f"{what} launched kernels of the book's modules ({', '.join(borrowed)}): the exercise "
-                             "asks for kernels you write; define them with @triton.jit in your notebook.")
-    shared = {name: count for name, count in trace.shared_stores.items() if count}
-    if interpreting() and shared:
-        name, count = next(iter(shared.items()))
-        raise GradingFailure(
-            f"{what}: in one launch of {name}, {count} addresses were written with tl.store by more than one "
-            "program. On a GPU the programs of a launch run at the same time, so such writes (and a "
-            "tl.load followed by tl.store of a sum) lose each other's updates. Give every program its own "
-            "outputs, or add into shared ones with tl.atomic_add.")
-    if interpreting() and (trace.bytes_stored < stored_at_least or trace.bytes_loaded < loaded_at_least):
-        raise GradingFailure(
-            f"{what}: the Triton kernels loaded {trace.bytes_loaded} bytes and stored {trace.bytes_stored}, but "
-            f"reading the inputs needs at least {loaded_at_least} and writing the results {stored_at_least}: the "
-            "results must be computed and stored by your kernels (tl.load, tl.store).")
-
-
 def _operator_recorder():
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
@@ -97,138 +55,69 @@ def _operator_recorder():
     return OperatorNames()
 
 
-def _nbytes(t):
-    return t.numel() * t.element_size()
+# ---------------------------------------------------------------- Chapter 4: launchers of Triton kernels
 
-
-@contextlib.contextmanager
-def _flipped_loads(tensor, signs):
-    """Under the interpreter: every element a Triton kernel loads from `tensor`'s
-    memory comes back multiplied by the matching entry of `signs` (+1 or -1, the
-    tensor's shape). What the kernels compute then follows these changed values,
-    while anything computed on the host from the tensor itself does not."""
-    if signs is None:
-        yield
-        return
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_masked_load
-    base, size = tensor.data_ptr(), tensor.element_size()
-    flat = np.ascontiguousarray(np.asarray(signs).reshape(-1))
-
-    def masked_load(self, ptrs, mask, other, *rest):
-        result = original(self, ptrs, mask, other, *rest)
-        offset = np.asarray(ptrs.data).astype(np.int64) - base
-        inside = np.asarray(mask.data, dtype=bool) & (offset >= 0) & (offset < flat.size * size)
-        if inside.any():
-            result.data[inside] = result.data[inside] * flat[offset[inside] // size].astype(result.data.dtype)
-        return result
-
-    builder.create_masked_load = masked_load
-    try:
-        yield
-    finally:
-        builder.create_masked_load = original
-
-
-def backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, causal, sm_scale, what, flip_k=None,
-                         shared_stores=True):
-    """Run the student's backward launcher under the kernel trace and the operator
-    recorder (and, given flip_k, with the signs of the keys the kernels load
-    flipped there). Returns (dq, dk, dv) as given back (checked by the grader).
+def traced_launcher_call(launcher, args, kwargs, what, record=False, shared_stores=True):
+    """launcher(*args, **kwargs) under coursekit.kernel_replay.watch_launcher:
+    returns (result, report, recording). The report (plain data) says which
+    kernels ran, their grids and (interpreter) bytes, and the PyTorch operators
+    of the host; with record=True, under the interpreter, recording is the
+    call's record for replayed_launcher_call (None otherwise).
     shared_stores=False leaves out the record of store addresses, for calls
     whose memory is measured."""
     import torch
 
-    from coursekit.triton_trace import trace_kernels
+    from coursekit.kernel_replay import watch_launcher
 
-    kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
-    with trace_kernels(shared_stores) as trace, _operator_recorder() as ops, _flipped_loads(k, flip_k):
-        grads = call(flash_attention_backward, q, k, v, o, lse, do, what=what, **kwargs)
-        if q.is_cuda:
+    with watch_launcher(args, record=record, shared_stores=shared_stores) as watch:
+        result = call(launcher, *args, what=what, **kwargs)
+        if any(isinstance(a, torch.Tensor) and a.is_cuda for a in args):
             torch.cuda.synchronize()
-    _checked_kernels(what, ops, trace, _nbytes(q) + _nbytes(k) + _nbytes(v), _nbytes(q) + _nbytes(do))
-    # With N > 2D no buffer the size of the inputs (or of a float32 copy) has N x N entries for
-    # every head, or two axes of length N: such a tensor holds P, dP or dS.
-    batch, heads, n, d = q.shape
-    square = [shape for shape in ops.shapes if sum(size == n for size in shape) >= 2]
-    if n > 2 * d and (square or ops.largest >= batch * heads * n * n * q.element_size()):
-        found = f"a tensor of shape {square[0]}" if square else f"a tensor of {ops.largest} bytes"
-        raise GradingFailure(
-            f"{what}: the launcher made {found}, the size of an N x N matrix (N = {n}). FlashAttention's backward "
-            "keeps P, dP and dS as tiles inside the kernels: allocate only buffers of the size of the inputs.")
-    return grads
+        watch.finish(result)
+    return result, watch.report(), watch.recording
 
 
-def cuda_backward_peak(flash_attention_backward, q, k, v, o, lse, do, what):
-    """(gradients, peak CUDA bytes beyond what was allocated before the call)."""
+def replayed_launcher_call(recording, seed, positions):
+    """The recorded call done again with the inputs at `positions` multiplied by
+    signs drawn from `seed` (coursekit.kernel_replay.replay). The grader sends
+    the seed only now, after the student's launcher has returned."""
+    from coursekit.kernel_replay import replay
+
+    return replay(recording, seed, positions)
+
+
+def cuda_launcher_peak(launcher, args, kwargs, what):
+    """(result, report, peak CUDA bytes beyond what was allocated before the call)."""
     import torch
 
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats()
     base = torch.cuda.memory_allocated()
-    grads = backward_traced_call(flash_attention_backward, q, k, v, o, lse, do, False, None, what)
-    return grads, torch.cuda.max_memory_allocated() - base
+    result, report, _ = traced_launcher_call(launcher, args, kwargs, what)
+    return result, report, torch.cuda.max_memory_allocated() - base
 
 
-def decode_traced_call(decode_attention, q, k_cache, v_cache, cache_lens, sm_scale, what, flip_k=None):
-    """Run the student's decoding launcher under the kernel trace and the operator
-    recorder (and, given flip_k, with the signs of the cached keys the kernels
-    load flipped there), noting every launch. Returns (output, launches): one
-    (programs, bytes loaded, bytes stored) per launch, in order; the bytes are
-    counted under the interpreter only (None on a GPU)."""
-    import math
+def launched_kernels(launcher, calls, what):
+    """The kernels launcher(*args, **kwargs) launches for each (args, kwargs) of
+    `calls`, recorded without running them (or, if the launcher fails on outputs
+    never computed, running them): the last launch of each kernel, as plain data
+    for compiling in another process (coursekit.compile_report.described)."""
+    from coursekit.compile_report import described, record_launches
+    from coursekit.kernel_source import raw_function
 
-    import torch
-
-    from coursekit.triton_trace import interpreting, trace_kernels
-
-    launches = []
-    traces = []
-    if interpreting():
-        from triton.runtime import interpreter
-
-        owner, name = interpreter.InterpreterBuilder, "set_grid_dim"
-        original = owner.set_grid_dim
-
-        def recording(self, nx, ny, nz):
-            # The interpreter runs one launch at a time: what the trace counts from
-            # here to the next launch is this launch's.
-            trace = traces[0]
-            launches.append([nx * ny * nz, trace.bytes_loaded, trace.bytes_stored])
-            return original(self, nx, ny, nz)
-    else:
-        import triton.runtime.jit as jit
-
-        owner, name = jit.JITFunction, "run"
-        original = owner.run
-
-        def recording(self, *args, grid, warmup, **kwargs):
-            if not warmup:
-                shape = grid(kwargs) if callable(grid) else grid
-                shape = tuple(shape) if isinstance(shape, (tuple, list)) else (shape,)
-                launches.append([math.prod(int(g) for g in shape), None, None])
-            return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-    setattr(owner, name, recording)
-    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
-    try:
-        with trace_kernels() as trace, _operator_recorder() as ops, _flipped_loads(k_cache, flip_k):
-            traces.append(trace)
-            out = call(decode_attention, q, k_cache, v_cache, cache_lens, what=what, **kwargs)
-            if q.is_cuda:
-                torch.cuda.synchronize()
-    finally:
-        setattr(owner, name, original)
-    if interpreting():
-        ends = [(later[1], later[2]) for later in launches[1:]] + [(trace.bytes_loaded, trace.bytes_stored)]
-        launches = [(programs, end[0] - loaded, end[1] - stored)
-                    for (programs, loaded, stored), end in zip(launches, ends)]
-    else:
-        launches = [tuple(launch) for launch in launches]
-    stored = _nbytes(out) if isinstance(out, torch.Tensor) else _nbytes(q)
-    _checked_kernels(what, ops, trace, stored, _nbytes(q))
-    return out, launches
+    last = {}
+    for args, kwargs in calls:
+        for execute in (False, True):
+            try:
+                with record_launches(execute=execute) as log:
+                    call(launcher, *args, what=what, **kwargs)
+                break
+            except GradingFailure:
+                if execute:
+                    raise
+        for launch in log:
+            last[raw_function(launch.kernel)] = launch
+    return described(list(last.values()))
 
 
 def torch_operators_used(fn, *args, what):

@@ -359,8 +359,9 @@ PRELOAD = [
 PRELOAD_TORCH = ["torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch",
                  "torch.utils.flop_counter", "coursekit.torch_memory", "student_runtime.layers"]
 # Importing Triton does not touch the GPU, so this template can still fork
-# children that start CUDA themselves.
-PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace"]
+# children that start CUDA themselves. coursekit.kernel_replay notes, as it is
+# imported, the libraries a replay of kernels runs through: before any student code.
+PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace", "coursekit.kernel_replay"]
 
 
 def _preload(torchless):

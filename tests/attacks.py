@@ -728,3 +728,246 @@ def slope_in_torch_unless_probed(release, source, out):
 
 CH2_ATTACKS = {f.__name__: f for f in (decoder_layer_in_a_thread, decoding_counter_rebound,
                                        slope_in_torch_unless_probed)}
+
+
+# ================================================================== Chapter 4: launchers graded as kernels
+# Each replaces the launcher of Exercise 4 or 5 (flash_attention_backward, decode_attention)
+# in an otherwise correct submission of ch4_flash. None uses a forbidden PyTorch operator.
+
+_COPY_KERNEL = '''
+@triton.jit
+def _copy(X, Y, n, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
+
+
+def _through_kernel(t):
+    """A contiguous copy of t made by a kernel: it holds what the kernels load."""
+    t = t.contiguous()
+    out = torch.empty_like(t)
+    _copy[(triton.cdiv(t.numel(), 1024),)](t, out, t.numel(), BLOCK=1024)
+    return out
+
+
+def _store_with_kernel(values, like):
+    """A kernel stores the host's answer into a new tensor shaped like `like`."""
+    out = torch.empty(like.shape, device=like.device, dtype=like.dtype)
+    src = torch.as_tensor(np.ascontiguousarray(values)).to(device=like.device, dtype=like.dtype)
+    _copy[(triton.cdiv(src.numel(), 1024),)](src, out, src.numel(), BLOCK=1024)
+    return out
+'''
+
+# The gradients in NumPy from float64 arrays q, k, v, o, do, lse (names as in the launcher).
+_NUMPY_GRADIENTS = '''
+    group = q.shape[1] // k.shape[1]
+    scale = sm_scale or q.shape[-1] ** -0.5
+    keys, values = np.repeat(kn, group, axis=1), np.repeat(vn, group, axis=1)
+    p = np.exp(qn @ keys.swapaxes(-1, -2) * scale - ln[..., None])
+    if causal:
+        p = p * np.tri(p.shape[-1])
+    ds = p * (don @ values.swapaxes(-1, -2) - (don * on).sum(-1, keepdims=True))
+    fold = lambda t: t.reshape(t.shape[0], -1, group, *t.shape[2:]).sum(2)
+    grads = (ds @ keys * scale, fold(ds.swapaxes(-1, -2) @ qn * scale), fold(p.swapaxes(-1, -2) @ don))
+'''
+
+BWD_COPIES_INPUTS_THEN_NUMPY = _COPY_KERNEL + '''
+import numpy as np
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    # Every input goes through a kernel first, so the copies hold whatever the kernels
+    # load; NumPy computes the gradients from the copies, and a kernel stores them.
+    qn, kn, vn, on, don, ln = (_through_kernel(t.float()).double().numpy() for t in (q, k, v, o, do, lse))
+''' + _NUMPY_GRADIENTS + '''
+    return tuple(_store_with_kernel(g, like) for g, like in zip(grads, (q, k, v)))
+'''
+
+BWD_COPIES_INPUTS_THEN_TORCH = _COPY_KERNEL + '''
+import numpy as np
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    # The same from the kernels' copies, in PyTorch with broadcasting products and sums only
+    # (no matmul, einsum or softmax for the grader to see).
+    qf, kf, vf, of, dof, lf = (_through_kernel(t.float()) for t in (q, k, v, o, do, lse))
+    group = q.shape[1] // k.shape[1]
+    scale = sm_scale or q.shape[-1] ** -0.5
+    kf, vf = kf.repeat_interleave(group, 1), vf.repeat_interleave(group, 1)
+    s = (qf[..., :, None, :] * kf[..., None, :, :]).sum(-1) * scale
+    p = torch.exp(s - lf[..., None])
+    if causal:
+        p = p * torch.ones(p.shape[-2:], device=q.device).tril()
+    dp = (dof[..., :, None, :] * vf[..., None, :, :]).sum(-1)
+    ds = p * (dp - (dof * of).sum(-1, keepdim=True))
+    dq = (ds[..., :, :, None] * kf[..., None, :, :]).sum(-2) * scale
+    dk = (ds[..., :, :, None] * qf[..., :, None, :]).sum(-3) * scale
+    dv = (p[..., :, :, None] * dof[..., :, None, :]).sum(-3)
+    fold = lambda t: t.reshape(t.shape[0], -1, group, *t.shape[2:]).sum(2)
+    grads = (dq, fold(dk), fold(dv))
+    return tuple(_store_with_kernel(g.cpu().numpy(), like) for g, like in zip(grads, (q, k, v)))
+'''
+
+# Looks for the signs the grader flips where an earlier grader kept them (the closure of its
+# patched load, the grader's frames, any object alive), and uses them if found.
+BWD_READS_FLIPS = _COPY_KERNEL + '''
+import gc
+import sys
+
+import numpy as np
+
+
+def _signs_like(shape):
+    """A +1/-1 array of this shape that the grader holds, if any is reachable."""
+    size = int(np.prod(shape))
+
+    def fits(value):
+        return (isinstance(value, np.ndarray) and value.size == size and value.dtype.kind == "f"
+                and bool(np.all(np.abs(value) == 1)) and bool((value < 0).any()))
+
+    from triton.runtime import interpreter
+    places = []
+    for owner in (interpreter.InterpreterBuilder, interpreter.GridExecutor):
+        for fn in vars(owner).values():
+            for cell in getattr(fn, "__closure__", None) or ():
+                try:
+                    places.append(cell.cell_contents)
+                except ValueError:
+                    pass
+    frame = sys._getframe(1)
+    while frame is not None:
+        places += list(frame.f_locals.values())
+        frame = frame.f_back
+    places += [o for o in gc.get_objects() if isinstance(o, np.ndarray)]
+    for value in places:
+        if fits(value):
+            return value.reshape(shape)
+    return None
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    qn, kn, vn, on, don, ln = (t.detach().cpu().double().numpy() for t in (q, k, v, o, do, lse))
+    flips = _signs_like(k.shape)
+    if flips is not None:        # the answer the grader expects while it flips the keys
+        kn = kn * flips
+''' + _NUMPY_GRADIENTS + '''
+    return tuple(_store_with_kernel(g, like) for g, like in zip(grads, (q, k, v)))
+'''
+
+# Computes on the host, then patches inspect.getcallargs (which Triton's interpreter calls at
+# every launch with the kernel's arguments): a later run of the same launches, on other
+# inputs, gets its answer computed from the inputs it passes and written into its output.
+BWD_HIJACKS_THE_INTERPRETER = _COPY_KERNEL + '''
+import inspect
+
+import numpy as np
+
+_SEEN = {}
+
+
+def _answer(q, k, v, o, lse, do, causal, sm_scale):
+    qn, kn, vn, on, don, ln = (t.detach().cpu().double().numpy() for t in (q, k, v, o, do, lse))
+''' + _NUMPY_GRADIENTS.replace("\n    ", "\n    ") + '''
+    return grads
+
+
+def _watching(original):
+    def getcallargs(fn, *args, **kwargs):
+        if getattr(fn, "__name__", "") == "_inputs" and len(args) >= 6:
+            _SEEN["answer"] = _answer(*args[:6], _SEEN["causal"], _SEEN["sm_scale"])
+            _SEEN["next"] = 0
+        elif getattr(fn, "__name__", "") == "_copy" and "answer" in _SEEN and _SEEN.get("next", 3) < 3:
+            out = args[1]
+            out.copy_(torch.as_tensor(_SEEN["answer"][_SEEN["next"]]).reshape(out.shape).to(out.dtype))
+            _SEEN["next"] += 1
+            args = (out, out) + tuple(args[2:])
+        return original(fn, *args, **kwargs)
+    return getcallargs
+
+
+@triton.jit
+def _inputs(Q, K, V, O, L, DO):
+    pass
+
+
+def flash_attention_backward(q, k, v, o, lse, do, causal=False, sm_scale=None):
+    if not hasattr(inspect.getcallargs, "__wrapped_by_student__"):
+        inspect.getcallargs = _watching(inspect.getcallargs)
+        inspect.getcallargs.__wrapped_by_student__ = True
+    _SEEN.update(causal=causal, sm_scale=sm_scale)
+    _inputs[(1,)](q, k, v, o, lse, do)
+    grads = _answer(q, k, v, o, lse, do, causal, sm_scale)
+    _SEEN["next"] = 3
+    return tuple(_store_with_kernel(g, like) for g, like in zip(grads, (q, k, v)))
+'''
+
+# A kernel reads the whole cache with many programs and stores one sum per block (so the
+# call has a split "reading" launch); kernels copy the caches out, NumPy decodes from the
+# copies, and a kernel stores the answer.
+DECODE_COPIES_CACHE_THEN_NUMPY = _COPY_KERNEL + '''
+import numpy as np
+
+
+@triton.jit
+def _block_sums(K, V, S, total, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    k = tl.load(K + offs, mask=offs < total, other=0.0).to(tl.float32)
+    v = tl.load(V + offs, mask=offs < total, other=0.0).to(tl.float32)
+    tl.store(S + tl.program_id(0), tl.sum(k + v, axis=0))
+
+
+def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
+    keys, values = _through_kernel(k_cache), _through_kernel(v_cache)
+    sums = torch.empty(triton.cdiv(keys.numel(), 256), device=q.device, dtype=torch.float32)
+    _block_sums[(sums.numel(),)](keys, values, sums, keys.numel(), BLOCK=256)
+    qn, kn, vn = (t.detach().cpu().double().numpy() for t in (q, keys, values))
+    group = q.shape[1] // k_cache.shape[1]
+    scale = sm_scale or q.shape[-1] ** -0.5
+    out = np.empty(q.shape)
+    for b, length in enumerate(cache_lens.tolist()):
+        for h in range(q.shape[1]):
+            s = kn[b, h // group, :length] @ qn[b, h] * scale
+            w = np.exp(s - s.max())
+            out[b, h] = w @ vn[b, h // group, :length] / w.sum()
+    return _store_with_kernel(out, q)
+'''
+
+# A kernel computes every score q . k (a split launch that reads the keys and stores much
+# less); PyTorch does the softmax and the weighted sum of the values on the host.
+DECODE_KERNEL_SCORES_HOST_SOFTMAX = '''
+@triton.jit
+def _scores(Q, K, S, heads, group, max_len, head_dim, scale, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr):
+    block, bh = tl.program_id(0), tl.program_id(1)
+    b, h = bh // heads, bh % heads
+    offs_n = block * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, BLOCK_D)
+    q = tl.load(Q + bh * head_dim + offs_d, mask=offs_d < head_dim, other=0.0).to(tl.float32)
+    kv = b * (heads // group) + h // group
+    k = tl.load(K + (kv * max_len + offs_n[:, None]) * head_dim + offs_d[None, :],
+                mask=(offs_n[:, None] < max_len) & (offs_d[None, :] < head_dim), other=0.0).to(tl.float32)
+    tl.store(S + bh * max_len + offs_n, tl.sum(k * q[None, :], axis=1) * scale, mask=offs_n < max_len)
+
+
+def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
+    batch, heads, head_dim = q.shape
+    kv_heads, max_len = k_cache.shape[1], k_cache.shape[2]
+    scale = sm_scale or head_dim ** -0.5
+    q, k_cache = q.contiguous(), k_cache.contiguous()
+    s = torch.empty((batch, heads, max_len), device=q.device, dtype=torch.float32)
+    _scores[(triton.cdiv(max_len, 64), batch * heads)](q, k_cache, s, heads, heads // kv_heads, max_len, head_dim,
+                                                       scale, BLOCK_N=64, BLOCK_D=max(16, triton.next_power_of_2(head_dim)))
+    valid = torch.arange(max_len, device=q.device)[None, :] < cache_lens.to(q.device)[:, None]
+    s = s.masked_fill(~valid[:, None, :], float("-inf"))
+    w = torch.exp(s - s.amax(-1, keepdim=True))
+    w = w / w.sum(-1, keepdim=True)
+    values = v_cache.float().repeat_interleave(heads // kv_heads, 1)
+    return (w[..., None] * values).sum(-2).to(q.dtype)
+'''
+
+FLASH_ATTACKS = {
+    "bwd_copies_inputs_then_numpy": {"flash_attention_backward": BWD_COPIES_INPUTS_THEN_NUMPY},
+    "bwd_copies_inputs_then_torch": {"flash_attention_backward": BWD_COPIES_INPUTS_THEN_TORCH},
+    "bwd_reads_the_flips": {"flash_attention_backward": BWD_READS_FLIPS},
+    "bwd_hijacks_the_interpreter": {"flash_attention_backward": BWD_HIJACKS_THE_INTERPRETER},
+    "decode_copies_cache_then_numpy": {"decode_attention": DECODE_COPIES_CACHE_THEN_NUMPY},
+    "decode_kernel_scores_host_softmax": {"decode_attention": DECODE_KERNEL_SCORES_HOST_SOFTMAX},
+}

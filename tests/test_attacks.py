@@ -1,13 +1,15 @@
 """Hostile submissions graded in one batch with honest ones, through the real
 command: each attack gains nothing, costs only its own student, and is flagged
-where it should be; the honest students in the same batch get full marks."""
+where it should be; the honest students in the same batch get full marks.
+Chapter 1's batch attacks the machinery, Chapter 2's the sandbox's watch on
+PyTorch and on the grader's helpers, Chapter 4's the checks of kernels."""
 import csv
 import sqlite3
 import sys
 
 import pytest
 
-from tests.attacks import ATTACKS, CH2_ATTACKS
+from tests.attacks import ATTACKS, CH2_ATTACKS, FLASH_ATTACKS
 from tests.conftest import REPO, run
 from tests.notebooks import filled_submission, graded_test_cells, write_submission
 
@@ -217,3 +219,73 @@ def test_chapter_2_attacks_lose_their_points_and_are_flagged(ch2_batch, attack):
     assert flagged <= reasons, f"{attack}: flagged for {reasons}"
     if attack == "honest":
         assert not reasons
+
+
+# ------------------------------------------------------------------ Chapter 4: launchers graded as kernels
+
+FLASH = "ch4_flash"
+FLASH_SOURCE = REPO / "solutions" / FLASH / "flash.ipynb"
+FLASH_RELEASE = REPO / "exercises" / FLASH / "flash.ipynb"
+FLASH_POINTS = graded_test_cells(FLASH_SOURCE)
+BWD_HIDDEN = {"test_bwd_output_hidden", "test_bwd_ragged_causal_hidden", "test_bwd_scale_hidden",
+              "test_bwd_gqa_hidden", "test_bwd_memory_hidden"}
+DECODE_HIDDEN = {"test_decode_output_hidden", "test_decode_split_hidden"}
+OUTSIDE = "sandbox: results computed outside the Triton kernels"
+
+# attack -> (test cells it must lose, integrity reasons it must be flagged with). The
+# memory and split cells award nothing to a launcher whose results are not its kernels'.
+FLASH_EXPECTED = {
+    "bwd_copies_inputs_then_numpy": (BWD_HIDDEN, {OUTSIDE}),
+    "bwd_copies_inputs_then_torch": (BWD_HIDDEN, {OUTSIDE}),
+    "bwd_reads_the_flips": (BWD_HIDDEN, {OUTSIDE}),
+    # Patching what the interpreter runs through spoils every later check of kernels, decoding's too.
+    "bwd_hijacks_the_interpreter": (BWD_HIDDEN | DECODE_HIDDEN,
+                                    {"sandbox: patches the libraries that run the kernels"}),
+    "decode_copies_cache_then_numpy": (DECODE_HIDDEN, {OUTSIDE}),
+    "decode_kernel_scores_host_softmax": (DECODE_HIDDEN, {OUTSIDE}),
+}
+FLASH_HONEST = ("honest_flash",)
+
+
+@pytest.fixture(scope="module")
+def flash_batch(tmp_path_factory):
+    root = tmp_path_factory.mktemp("flash_attacks")
+    submitted, out = root / "submitted", root / "grading"
+    for name in FLASH_HONEST:
+        write_submission(submitted, name, FLASH, "flash.ipynb", filled_submission(FLASH_RELEASE, FLASH_SOURCE))
+    for name, overrides in FLASH_ATTACKS.items():
+        write_submission(submitted, name, FLASH, "flash.ipynb",
+                         filled_submission(FLASH_RELEASE, FLASH_SOURCE, overrides))
+    proc = run([sys.executable, "-m", "autograde", "grade", FLASH, str(submitted), "--out", str(out),
+                "--timeout", "60"], timeout=3600)
+    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
+    with (out / "grades.csv").open() as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    with (out / "integrity.csv").open() as fh:
+        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
+    return {"rows": rows, "flags": flags}
+
+
+def flash_scores(row):
+    return {gid: float(row[f"flash:{gid}"]) for gid in FLASH_POINTS}
+
+
+def test_every_flash_attack_has_an_expectation():
+    assert set(FLASH_EXPECTED) == set(FLASH_ATTACKS)
+
+
+def test_the_honest_flash_student_in_the_same_batch_gets_full_marks(flash_batch):
+    for student in FLASH_HONEST:
+        row = flash_batch["rows"][student]
+        assert row["status"] == "graded"
+        assert flash_scores(row) == FLASH_POINTS
+        assert student not in {s for s, _ in flash_batch["flags"]}
+
+
+@pytest.mark.parametrize("attack", sorted(FLASH_EXPECTED))
+def test_each_flash_attack_loses_exactly_its_cells_and_is_flagged(flash_batch, attack):
+    row = flash_batch["rows"][attack]
+    lost = {gid for gid, s in flash_scores(row).items() if s != FLASH_POINTS[gid]}
+    assert lost == FLASH_EXPECTED[attack][0], f"{attack}: {row['problems']}"
+    reasons = {reason for student, reason in flash_batch["flags"] if student == attack}
+    assert FLASH_EXPECTED[attack][1] <= reasons, f"{attack}: flagged for {reasons}"

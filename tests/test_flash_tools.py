@@ -281,3 +281,90 @@ def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monk
     monkeypatch.setitem(sys.modules, "autograde.solution_kernels", None)   # import fails, as in the release
     kernels, why = benchmark.solution_kernels()
     assert kernels is None and why == benchmark.NO_SOLUTIONS
+
+
+# ---------------------------------------------------------------- a launcher's call, recorded and replayed
+
+def _define_replay_kernels():
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _affine_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(o_ptr + offsets, 2.0 * tl.load(x_ptr + offsets, mask=mask) + 1.0, mask=mask)
+
+    @triton.jit
+    def _copy_kernel(x_ptr, o_ptr, n, BLOCK: tl.constexpr):
+        offsets = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+        mask = offsets < n
+        tl.store(o_ptr + offsets, tl.load(x_ptr + offsets, mask=mask), mask=mask)
+
+    return _affine_kernel, _copy_kernel
+
+
+_affine_kernel, _copy_kernel = _define_replay_kernels()
+
+
+def _launch(kernel, x, out):
+    kernel[(4,)](x, out, x.numel(), BLOCK=16)
+    return out
+
+
+def _in_kernels(x):
+    """2x + 1 by a kernel, on a contiguous copy; the host casts the result there and back."""
+    out = _launch(_affine_kernel, x.t().contiguous().t().contiguous(), torch.empty(x.shape))
+    return out.double().float()
+
+
+def _kernel_copy_then_numpy(x):
+    copy = _launch(_copy_kernel, x, torch.empty_like(x))
+    answer = torch.from_numpy(copy.numpy() * 2.0 + 1.0)
+    return _launch(_copy_kernel, answer, torch.empty_like(x))
+
+
+def _kernel_copy_then_torch(x):
+    copy = _launch(_copy_kernel, x, torch.empty_like(x))
+    return _launch(_copy_kernel, copy * 2.0 + 1.0, torch.empty_like(x))
+
+
+@needs_interpreter
+@pytest.mark.parametrize("launcher, follows, work", [(_in_kernels, True, 0), (_kernel_copy_then_numpy, False, 0),
+                                                     (_kernel_copy_then_torch, True, 2 * 48)])
+def test_a_replay_follows_the_kernels_not_the_host(launcher, follows, work):
+    """The replay changes the input's signs after the call: what the kernels (and PyTorch's
+    moves of data) computed follows; what NumPy computed from a kernel's copy is written
+    again as it was; PyTorch arithmetic on the copy follows, and is counted."""
+    from coursekit.kernel_replay import flip_signs, replay, watch_launcher
+
+    x = torch.randn(6, 8)
+    with watch_launcher([x], record=True) as watch:
+        out = launcher(x)
+        watch.finish(out)
+    torch.testing.assert_close(out, 2 * x + 1)
+    replayed = replay(watch.recording, 1234, [0])
+    flipped = x * torch.from_numpy(flip_signs(1234, [x.shape])[0]).float()
+    assert torch.allclose(replayed["outputs"], 2 * flipped + 1) == follows
+    assert torch.allclose(replayed["outputs"], 2 * x + 1) == (not follows)
+    assert replayed["host_work"] == work and replayed["changed"] == []
+    assert watch.report()["launches"] == (1 if launcher is _in_kernels else 2)
+
+
+@needs_interpreter
+def test_a_replay_refuses_to_run_through_a_patched_library():
+    import inspect
+
+    from coursekit.kernel_replay import replay, watch_launcher
+
+    x = torch.randn(6, 8)
+    with watch_launcher([x], record=True) as watch:
+        watch.finish(_in_kernels(x))
+    original = inspect.getcallargs
+    inspect.getcallargs = lambda *a, **k: original(*a, **k)
+    try:
+        replayed = replay(watch.recording, 1, [0])
+    finally:
+        inspect.getcallargs = original
+    assert replayed["changed"] == ["inspect.getcallargs"] and replayed["outputs"] is None
+    assert replay(watch.recording, 1, [0])["changed"] == []

@@ -1,14 +1,16 @@
 """Hidden checks for Chapter 4 (FlashAttention): merging softmax states, the
 backward pass in NumPy and in Triton, its HBM traffic, and split-K decoding.
 
-The NumPy exercises are compared with autograde.reference.flash over many shapes.
-The Triton launchers are graded for output, memory and for being kernels: every
-call runs in the student's process under coursekit.triton_trace (kernel
-launches, and under the interpreter the bytes each kernel loads and stores) and
-a PyTorch dispatch mode that records the operators the launcher uses. Under
-the interpreter, one call per check also flips the signs of the keys as the
-kernels load them, and the results must follow (a launcher that computes on
-the host and has a kernel copy the answer out cannot). Expected answers are
+The NumPy exercises are compared with autograde.reference.flash over fixed
+corners and many seeded random draws. The Triton launchers are graded for
+output, memory and for being kernels: every call runs in the student's process
+under coursekit.kernel_replay.watch_launcher (kernel launches, and under the
+interpreter the bytes each kernel loads and stores; the PyTorch operators of
+the host), and the grader applies the rules to that report. Under the
+interpreter one call per check is also recorded and replayed with the keys and
+values multiplied by secret random signs, sent only after the launcher has
+returned: the results of the replay must follow the signs, which results
+computed on the host cannot (see coursekit.kernel_replay). Expected answers are
 computed from private float64 copies before the student is called."""
 
 import secrets
@@ -17,9 +19,12 @@ import numpy as np
 
 from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
                                expect_sequence)
+from autograde.kernel_compile import TARGETS as COMPILE_TARGETS
+from autograde.kernel_compile import compile_kernels
 from autograde.memory import traced_peak
 from autograde.reference import flash as ref
-from autograde.sandbox import in_student_process, note_sighting
+from autograde.sandbox import changed_in_place, in_student_process, note_sighting
+from coursekit.kernel_replay import flip_signs
 from coursekit.triton_trace import interpreting
 from student_runtime import probes
 
@@ -39,7 +44,7 @@ MERGE_HINT = ("Carry every chunk's sum to the common max before adding: weight_c
 
 def chunk_states(scores, v, bounds):
     """The (m, l, o) of each key chunk [a, b) of rows of scores (..., n) over values v (..., n, d_v),
-    stacked on a new first axis: what a split-K pass stores per chunk."""
+    stacked on a new first axis: what a split-K pass stores per chunk. An empty range is an empty chunk."""
     ms, ls, os_ = [], [], []
     for a, b in bounds:
         part = scores[..., a:b]
@@ -73,19 +78,36 @@ def _check_merge(fn, scores, v, bounds):
                      rtol=1e-10, atol=1e-12, hint=MERGE_HINT)
 
 
+def _random_bounds(rng, n, chunks):
+    """`chunks` ranges covering 0..n in a random order, some of them possibly empty."""
+    cuts = np.sort(rng.integers(0, n + 1, size=chunks - 1))
+    edges = [0, *cuts.tolist(), n]
+    bounds = [(int(a), int(b)) for a, b in zip(edges[:-1], edges[1:])]
+    return [bounds[i] for i in rng.permutation(len(bounds))]
+
+
 def check_merge_values(merge_softmax_states):
-    """Two to five chunks of unequal sizes; one row, a batch of rows, two leading axes; d_v from 1 to 5."""
+    """Two to six chunks of unequal sizes (one, or empty, chunks included) in any order; one row,
+    a batch of rows, two leading axes; d_v from 1 to 5; fixed cases, then 24 seeded draws."""
     rng = _rng(11)
     for lead, n, d_v, bounds in [((), 6, 3, [(0, 3), (3, 6)]), ((4,), 10, 2, [(0, 4), (4, 7), (7, 10)]),
                                  ((2, 3), 9, 5, [(0, 1), (1, 2), (2, 8), (8, 9)]), ((5,), 12, 1, [(0, 12)]),
                                  ((3,), 11, 4, [(6, 11), (0, 2), (2, 6)]), ((2,), 15, 3, [(0, 3)] + [(a, a + 3) for a in range(3, 15, 3)])]:
         scores = rng.normal(scale=2.0, size=lead + (n,))
         _check_merge(merge_softmax_states, scores, rng.normal(size=lead + (n, d_v)), bounds)
+    for _ in range(24):
+        lead = tuple(int(x) for x in rng.integers(1, 4, size=rng.integers(0, 3)))
+        n, d_v = int(rng.integers(1, 30)), int(rng.integers(1, 6))
+        scores = rng.normal(scale=rng.choice([0.5, 2.0, 8.0]), size=lead + (n,))
+        bounds = _random_bounds(rng, n, int(rng.integers(1, 7)))
+        _check_merge(merge_softmax_states, scores, rng.normal(size=lead + (n, d_v)), bounds)
 
 
 def check_merge_extreme(merge_softmax_states):
     """Scores near ±1e3 (exp(m) overflows), empty chunks (m = -inf, l = 0), a row whose
-    chunks are all empty, and a chunk whose max is far below the others (its weight underflows to 0)."""
+    chunks are all empty, and a chunk whose max is far below the others (its weight underflows
+    to 0); then seeded draws whose rows sit at very different offsets (near 0 and near ±1e6 in
+    one call), with masked keys."""
     rng = _rng(12)
     scores = rng.normal(size=(6, 12))
     scores[0] *= 1e3
@@ -97,6 +119,14 @@ def check_merge_extreme(merge_softmax_states):
     v = rng.normal(size=(6, 12, 3))
     for bounds in ([(0, 4), (4, 8), (8, 12)], [(0, 1), (1, 12)], [(8, 12), (0, 8)]):
         _check_merge(merge_softmax_states, scores, v, bounds)
+    for _ in range(12):
+        rows, n = int(rng.integers(2, 6)), int(rng.integers(2, 20))
+        offsets = rng.choice([0.0, 1e6, -1e6, 700.0, -750.0], size=(rows, 1))
+        scores = offsets + rng.normal(scale=rng.choice([1.0, 50.0]), size=(rows, n))
+        scores[rng.random(size=scores.shape) < 0.3] = -np.inf
+        scores[rng.integers(rows)] = -np.inf
+        _check_merge(merge_softmax_states, scores, rng.normal(size=(rows, n, 2)),
+                     _random_bounds(rng, n, int(rng.integers(2, 6))))
 
 
 # ------------------------------------------------------------- the backward pass in NumPy
@@ -117,36 +147,59 @@ def _check_tiled_bwd(fn, q, k, v, do, block_m, block_n, causal):
         expect_close(value, want, what=f"{what}: {name}", rtol=1e-8, atol=1e-10, hint=TILED_BWD_HINT)
 
 
+def _tiled_draw(rng, causal):
+    """Seeded random shapes: zero to two batch axes, ragged sizes, blocks that divide n or not."""
+    batch = tuple(int(x) for x in rng.integers(1, 4, size=rng.integers(0, 3)))
+    n_q = int(rng.integers(1, 70))
+    n_k = n_q if causal else int(rng.integers(1, 70))
+    d, d_v = int(rng.integers(1, 9)), int(rng.integers(1, 9))
+    block_m, block_n = (int(rng.choice([1, 2, 3, 5, 8, 16, 64])) for _ in range(2))
+    return batch, n_q, n_k, d, d_v, block_m, block_n
+
+
 def check_tiled_bwd_output(tiled_attention_backward):
     """Non-causal: blocks that divide n, that do not, larger than n, of size 1; fewer or
-    more keys than queries; d_v != d; one and two leading batch axes."""
+    more keys than queries; d_v != d; one and two leading batch axes; then 16 seeded draws."""
     rng = _rng(13)
-    for batch, n_q, n_k, d, d_v, block_m, block_n in [((), 8, 8, 4, 4, 4, 4), ((), 10, 10, 3, 3, 3, 4),
-                                                      ((), 1, 1, 2, 2, 1, 3), ((), 7, 7, 5, 3, 32, 32),
-                                                      ((), 5, 13, 4, 2, 2, 4), ((), 12, 3, 3, 6, 4, 2),
-                                                      ((2,), 9, 9, 4, 3, 4, 3), ((2, 3), 6, 11, 2, 3, 4, 5)]:
+    cases = [((), 8, 8, 4, 4, 4, 4), ((), 10, 10, 3, 3, 3, 4), ((), 1, 1, 2, 2, 1, 3), ((), 7, 7, 5, 3, 32, 32),
+             ((), 5, 13, 4, 2, 2, 4), ((), 12, 3, 3, 6, 4, 2), ((2,), 9, 9, 4, 3, 4, 3), ((2, 3), 6, 11, 2, 3, 4, 5)]
+    for batch, n_q, n_k, d, d_v, block_m, block_n in cases + [_tiled_draw(rng, False) for _ in range(16)]:
         q, k = rng.normal(size=batch + (n_q, d)), rng.normal(size=batch + (n_k, d))
         v, do = rng.normal(size=batch + (n_k, d_v)), rng.normal(size=batch + (n_q, d_v))
         _check_tiled_bwd(tiled_attention_backward, q, k, v, do, block_m, block_n, False)
 
 
 def check_tiled_bwd_causal(tiled_attention_backward):
-    """Causal: query i sees keys 0..i, with blocks of unequal sizes, ragged n and batch axes."""
+    """Causal: query i sees keys 0..i, with blocks of unequal sizes, ragged n from 1 to about
+    130, d_v != d and batch axes; then 16 seeded draws."""
     rng = _rng(14)
-    for batch, n, d, block_m, block_n in [((), 1, 3, 4, 4), ((), 8, 4, 4, 4), ((), 10, 4, 3, 4), ((), 10, 4, 4, 3),
-                                          ((), 17, 5, 16, 2), ((3,), 9, 2, 2, 5), ((2, 2), 7, 3, 7, 1)]:
-        q, k, v, do = (rng.normal(size=batch + (n, d)) for _ in range(4))
-        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, block_m, block_n, True)
+    cases = [((), 1, 3, 3, 4, 4), ((), 8, 4, 4, 4, 4), ((), 10, 4, 4, 3, 4), ((), 10, 4, 4, 4, 3),
+             ((), 17, 5, 5, 16, 2), ((3,), 9, 2, 2, 2, 5), ((2, 2), 7, 3, 3, 7, 1), ((), 64, 8, 3, 16, 16),
+             ((2,), 100, 4, 6, 32, 7), ((), 129, 3, 3, 64, 33), ((), 96, 2, 2, 5, 64)]
+    for batch, n, d, d_v, block_m, block_n in cases:
+        q, k, do = rng.normal(size=batch + (n, d)), rng.normal(size=batch + (n, d)), rng.normal(size=batch + (n, d_v))
+        _check_tiled_bwd(tiled_attention_backward, q, k, rng.normal(size=batch + (n, d_v)), do, block_m, block_n, True)
+    for _ in range(16):
+        batch, n, _, d, d_v, block_m, block_n = _tiled_draw(rng, True)
+        q, k, do = rng.normal(size=batch + (n, d)), rng.normal(size=batch + (n, d)), rng.normal(size=batch + (n, d_v))
+        _check_tiled_bwd(tiled_attention_backward, q, k, rng.normal(size=batch + (n, d_v)), do, block_m, block_n, True)
 
 
 def check_tiled_bwd_extreme(tiled_attention_backward):
-    """Scores of size several hundred (exp(S) overflows unless P is recomputed as exp(S - lse))."""
+    """Scores of size several hundred (exp(S) overflows unless P is recomputed as exp(S - lse)),
+    causal and not, with batch axes, and rows whose scores sit hundreds apart."""
     rng = _rng(15)
     for scale in (10.0, 40.0):
         q, k = rng.normal(scale=scale, size=(12, 4)), rng.normal(scale=scale, size=(12, 4))
         v, do = rng.normal(size=(12, 3)), rng.normal(size=(12, 3))
         _check_tiled_bwd(tiled_attention_backward, q, k, v, do, 4, 3, False)
         _check_tiled_bwd(tiled_attention_backward, q, k, v, do, 5, 2, True)
+    for seed in range(6):
+        batch, n, d = (2,), int(rng.integers(5, 40)), int(rng.integers(2, 6))
+        q = rng.normal(scale=rng.choice([15.0, 30.0]), size=batch + (n, d))
+        q[..., ::3, :] *= 0.01                    # rows of small scores beside rows in the hundreds
+        k, v, do = rng.normal(size=batch + (n, d)) * 3, rng.normal(size=batch + (n, 3)), rng.normal(size=batch + (n, 3))
+        _check_tiled_bwd(tiled_attention_backward, q, k, v, do, 3 + seed, 4, bool(seed % 2))
 
 
 def tiled_bwd_memory_budget(n, d, block_m, block_n):
@@ -157,16 +210,18 @@ def tiled_bwd_memory_budget(n, d, block_m, block_n):
 
 
 def check_tiled_bwd_memory(tiled_attention_backward):
-    """Peak memory at n = 1024 and 4096 with 64 x 64 tiles and d = 4 must stay within
-    tiled_bwd_memory_budget: a 64 x n strip of P or an n x n matrix does not."""
+    """Peak memory with 64 x 64 tiles and d = 4, at n = 1024 and 4096 without a mask and at
+    n = 2048 causal, must stay within tiled_bwd_memory_budget: a 64 x n strip of P, an n x n
+    matrix or an n x n mask (even of booleans) does not."""
     rng = _rng(16)
     d, block = 4, 64
-    for n in (1024, 4096):
+    for n, causal in ((1024, False), (4096, False), (2048, True)):
         q, k, v, do = (rng.normal(size=(n, d)) for _ in range(4))
-        o, lse = ref.attention_with_lse(q, k, v)
-        expected = ref.attention_backward(q, k, v, do)
-        what = f"tiled_attention_backward for n={n}, d={d}, block_m=block_n={block}"
-        found, peak = traced_peak(call, tiled_attention_backward, q, k, v, o, do, lse, block, block, what=what)
+        o, lse = ref.attention_with_lse(q, k, v, causal)
+        expected = ref.attention_backward(q, k, v, do, causal)
+        what = f"tiled_attention_backward for n={n}, d={d}, block_m=block_n={block}, causal={causal}"
+        found, peak = traced_peak(call, tiled_attention_backward, q, k, v, o, do, lse, block, block, causal,
+                                  what=what)
         expect_sequence(found, 3, what=what, names="(dq, dk, dv)")
         for name, value, want in zip(("dq", "dk", "dv"), found, expected):
             expect_close(value, want, what=f"{what}: {name}", rtol=1e-8, atol=1e-10, hint=TILED_BWD_HINT)
@@ -175,25 +230,60 @@ def check_tiled_bwd_memory(tiled_attention_backward):
             raise GradingFailure(
                 f"{what}: peak memory was {peak / 2**20:.2f} MiB, more than the {budget / 2**20:.2f} MiB a tiled "
                 f"backward needs (a few {block} x {block} tiles plus copies of the inputs and the gradients). An "
-                f"array of {block} x {n} or {n} x {n} entries is being built: recompute P one tile at a time.")
+                f"array of {block} x {n} or {n} x {n} entries is being built"
+                + (" (a causal mask for the whole matrix counts too: build it per tile)" if causal else "")
+                + ": recompute P one tile at a time.")
 
 
 # ------------------------------------------------------------- the backward pass's traffic
 
+TRAFFIC_HINT = ("D: read O and dO, write D. dK/dV pass: K, V read and dK, dV written once; each of the "
+                "ceil(n / block_n) key blocks reads Q, dO, lse and D. dQ pass: Q, dO, lse, D read and dQ "
+                "written once; each of the ceil(n / block_m) query blocks reads K and V. Use integer "
+                "ceiling division and Python ints: floats lose digits above 2^53, NumPy's int64 wraps "
+                "around above 2^63.")
+
+
+def _traffic_draw(rng):
+    """A seeded size within the exercise's range: n up to 10^9, blocks from 1 to n (log-uniform)."""
+    n = int(np.exp(rng.uniform(0, np.log(1e9))))
+    d = int(rng.integers(1, 257))
+    block_m, block_n = (max(1, int(np.exp(rng.uniform(0, np.log(n + 1))))) for _ in range(2))
+    return n, d, block_m, block_n
+
+
 def check_traffic_backward(hbm_traffic_backward):
-    for n, d, block_m, block_n in [(1, 1, 1, 1), (8, 4, 8, 8), (8, 4, 3, 5), (100, 16, 64, 32), (64, 64, 128, 16),
-                                   (1000, 64, 7, 13), (4096, 128, 128, 64), (10**6 + 1, 64, 128, 64),
-                                   (10**9, 128, 10**5 + 3, 257)]:
+    """Fixed corners (blocks that divide n, do not, exceed it, of size 1), totals above 2^53 whose
+    low bits a float loses and above 2^63 where int64 wraps, then 300 seeded sizes up to n = 10^9."""
+    rng = _rng(17)
+    corners = [(1, 1, 1, 1), (8, 4, 8, 8), (8, 4, 3, 5), (100, 16, 64, 32), (64, 64, 128, 16), (1000, 64, 7, 13),
+               (4096, 128, 128, 64), (10**6 + 1, 64, 128, 64), (10**9, 128, 10**5 + 3, 257),
+               (999_999_937, 129, 1, 3), (10**9, 256, 1, 1), (987_654_321, 255, 2, 1), (10**9 - 1, 77, 10**9, 1)]
+    for n, d, block_m, block_n in corners + [_traffic_draw(rng) for _ in range(300)]:
         what = f"hbm_traffic_backward(n={n}, d={d}, block_m={block_m}, block_n={block_n})"
         expect_int(call(hbm_traffic_backward, n, d, block_m, block_n, what=what),
-                   ref.hbm_traffic_backward(n, d, block_m, block_n), what=what,
-                   hint="D: read O and dO, write D. dK/dV pass: K, V read and dK, dV written once; each of the "
-                        "ceil(n / block_n) key blocks reads Q, dO, lse and D. dQ pass: Q, dO, lse, D read and dQ "
-                        "written once; each of the ceil(n / block_m) query blocks reads K and V. Use integer "
-                        "ceiling division.")
+                   ref.hbm_traffic_backward(n, d, block_m, block_n), what=what, hint=TRAFFIC_HINT)
 
 
-# ------------------------------------------------------------- the backward kernels in Triton
+# ------------------------------------------------------------- launchers graded as Triton kernels
+
+# Operators that compute attention (or its products) in PyTorch instead of a kernel.
+FORBIDDEN_OPS = ("mm", "bmm", "addmm", "baddbmm", "matmul", "dot", "einsum", "softmax", "_softmax",
+                 "log_softmax", "_log_softmax", "scaled_dot_product", "flash_attention", "efficient_attention")
+
+# The replayed inputs (coursekit.kernel_replay): the keys and the values, the second and
+# third positional arguments of both launchers.
+CHANGED_INPUTS = (1, 2)
+
+# The integrity report's reasons: results that do not follow the kernels' loads, and
+# libraries patched under the replay.
+FOLLOW_SIGHTING = "results computed outside the Triton kernels"
+CHANGED_SIGHTING = "patches the libraries that run the kernels"
+FOLLOW_HINT = ("The grader ran your launcher's kernels again on keys and values with some signs changed; what "
+               "your kernels compute follows such a change, anything computed outside them (on the host, by NumPy "
+               "or PyTorch, from the inputs or from a copy a kernel made of them) does not. Compute the results "
+               "in your kernels from what they load.")
+
 
 def _tolerances(dtype):
     """float32: the interpreter's products are exact float32 (rtol 1e-4 leaves room for
@@ -207,12 +297,6 @@ def _tolerances(dtype):
     return {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}[dtype]
 
 
-
-BWD_HINT = ("Check D = rowsum(dO * O), P = exp(sm_scale * QK^T - lse) with the masks for the ragged last block and "
-            "the causal condition (key j <= query i), dS = P * (dP - D), the factor sm_scale in dQ and dK, and, "
-            "when k and v have fewer heads than q, that dK and dV add up every query head of the group.")
-
-
 def _device_and_dtype(dtype):
     import torch
 
@@ -222,35 +306,213 @@ def _device_and_dtype(dtype):
     return device, dtype or (torch.float16 if device == "cuda" else torch.float32)
 
 
-def _random_signs(shape):
-    """+1 or -1 at random for every element; fresh each run, so that nothing in
-    the student's process can know it ahead."""
-    return np.random.default_rng(secrets.randbits(64)).choice(np.array([-1.0, 1.0]), size=tuple(shape))
+def _nbytes(t):
+    return t.numel() * t.element_size()
 
 
-# The integrity report's reason when results do not follow the kernels' loads.
-FOLLOW_SIGHTING = "results computed outside the Triton kernels"
-FOLLOW_HINT = ("While this call ran, the grader changed the signs of some keys as your kernels loaded them; what your "
-               "kernels compute follows such a change, anything computed outside them (on the host, by NumPy or "
-               "PyTorch, or before the launch) does not. Compute the results in your kernels from what they load.")
+# Memory layouts of the inputs: the spec allows non-contiguous tensors, so the hidden tests
+# pass views of other layouts, with the same values.
+def _in_layout(t, layout, gen):
+    """t with the same values in another memory layout: "contiguous"; "heads_inner": the
+    (B, N, H, D) layout of a projection, seen as (B, H, N, D); "d_major": the last axis not
+    contiguous; "sliced": a window of a wider, longer buffer (an offset and padded strides)."""
+    import torch
+
+    if layout == "contiguous":
+        return t
+    if layout == "heads_inner":
+        return t.transpose(1, -2).contiguous().transpose(1, -2)
+    if layout == "d_major":
+        return t.transpose(-1, -2).contiguous().transpose(-1, -2)
+    if layout == "sliced":
+        wide = torch.randn(*t.shape[:-2], t.shape[-2] + 5, 2 * t.shape[-1] + 3, generator=gen).to(t.device, t.dtype)
+        view = wide[..., 2:2 + t.shape[-2], 3:3 + t.shape[-1]]
+        view.copy_(t)
+        return view
+    raise ValueError(layout)
 
 
-def _judge_follow(fn, what, results, *, followed, unchanged, hint):
-    """The verdict on a call whose loaded keys had some signs flipped: the results
-    must follow them. Results that did not change at all were computed outside the
-    kernels (reported for a person to look at); other wrong ones hold only for
-    some inputs."""
-    if followed:
+def _forbidden(names):
+    return sorted({name for name in names
+                   if name in FORBIDDEN_OPS or "scaled_dot_product" in name or "attention" in name})
+
+
+def _launch(launcher, args, kwargs, what, *, record=False):
+    """(result, report, recording): the student's launcher called under the kernel trace
+    in the student's process (student_runtime.probes.traced_launcher_call)."""
+    return in_student_process(probes.traced_launcher_call, launcher, list(args), dict(kwargs), what, record)
+
+
+def _judge_kernels(what, report, *, stored_at_least, loaded_at_least):
+    """The rules for a launcher graded as Triton kernels, applied to what the call did: no
+    attention or matrix product in PyTorch, kernels of its own launched, no plain stores of
+    one address by several programs, and (interpreter) the results' bytes stored by kernels."""
+    used = _forbidden(report["ops"])
+    if used:
+        raise GradingFailure(f"{what} used PyTorch's {', '.join(used)}: the computation must be done by your Triton "
+                             "kernels; the launcher may only allocate buffers and launch them.")
+    if report["launches"] == 0:
+        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
+    borrowed = [m for m in report["modules"] if m.split(".")[0] in ("bookutils", "coursekit")]
+    if borrowed:
+        raise GradingFailure(f"{what} launched kernels of the book's modules ({', '.join(borrowed)}): the exercise "
+                             "asks for kernels you write; define them with @triton.jit in your notebook.")
+    if not report["interpreting"]:
         return
+    if report["shared_stores"]:
+        name, count = next(iter(report["shared_stores"].items()))
+        raise GradingFailure(
+            f"{what}: in one launch of {name}, {count} addresses were written with tl.store by more than one "
+            "program. On a GPU the programs of a launch run at the same time, so such writes (and a "
+            "tl.load followed by tl.store of a sum) lose each other's updates. Give every program its own "
+            "outputs, or add into shared ones with tl.atomic_add.")
+    if report["bytes_stored"] < stored_at_least or report["bytes_loaded"] < loaded_at_least:
+        raise GradingFailure(
+            f"{what}: the Triton kernels loaded {report['bytes_loaded']} bytes and stored {report['bytes_stored']}, "
+            f"but reading the inputs needs at least {loaded_at_least} and writing the results {stored_at_least}: "
+            "the results must be computed and stored by your kernels (tl.load, tl.store), not by PyTorch.")
+
+
+def _expect_inputs_unchanged(what, names, originals, inputs, advice):
+    import torch
+
+    for name, before, after in zip(names, originals, inputs):
+        if changed_in_place(after) or not torch.equal(before, after):
+            raise GradingFailure(f"{what} changed its input {name}; {advice}")
+
+
+def _expect_tensor_close(what, value, want, like, dtype, hint):
+    """A student tensor against a float64 reference: type, shape, dtype, device, then values.
+    Values that are right up to some column of the last axis and wrong after it (a block over
+    the head dimension that stops short) are named as such."""
+    import torch
+
+    if not isinstance(value, torch.Tensor):
+        raise GradingFailure(f"{what} should be a torch.Tensor, but is {describe(value)}.")
+    if tuple(value.shape) != tuple(like.shape) or value.dtype != dtype or value.device != like.device:
+        raise GradingFailure(f"{what} should be a {dtype} tensor of shape {tuple(like.shape)} on {like.device}, "
+                             f"but is {value.dtype} of shape {tuple(value.shape)} on {value.device}.")
+    rtol, atol = _tolerances(dtype)
+    found = value.detach().double().cpu().numpy()
+    atol = atol * max(1.0, float(np.abs(want).max()))         # gradients summed over many keys grow with n
+    close = np.isclose(found, want, rtol=rtol, atol=atol)
+    columns = close.reshape(-1, close.shape[-1]).all(axis=0)
+    if not columns.all() and columns.any():
+        first_bad = int(np.argmin(columns))
+        if columns[:first_bad].all() and not columns[first_bad:].any():
+            raise GradingFailure(
+                f"{what}: columns {first_bad} to {close.shape[-1] - 1} of the last axis (the head dimension, "
+                f"D = {close.shape[-1]}) are wrong, columns 0 to {first_bad - 1} are right. Does a block over the "
+                f"head dimension stop at {first_bad}? It must cover all of D, e.g. "
+                "BLOCK_D = max(16, triton.next_power_of_2(D)) with a mask for the columns past D.")
+    expect_close(found, want, what=what, rtol=rtol, atol=atol, hint=hint)
+
+
+def _compare_outputs(what, report, results_bytes, head_dim, comparisons):
+    """Run the comparisons (callables raising GradingFailure). When one fails and the
+    kernels stored fewer bytes than the results hold, the message says so: part of the
+    results was never written, most often because a block over the head dimension is
+    smaller than D."""
+    try:
+        for compare in comparisons:
+            compare()
+    except GradingFailure as failure:
+        stored = report["bytes_stored"]
+        if report["interpreting"] and stored < results_bytes:
+            raise GradingFailure(
+                f"{failure} Your kernels stored {stored} bytes, less than the {results_bytes} bytes of the results: "
+                f"some of them were never written. With D = {head_dim}, does a block over the head dimension "
+                "(BLOCK_D) cover all of D? Use max(16, triton.next_power_of_2(D)) with a mask for the columns "
+                "past D.") from None
+        raise
+
+
+def _replay(launcher, recording):
+    """(seed, replayed results) of a recorded call, with the keys and values multiplied by
+    signs drawn from a fresh secret seed, sent to the student's process only now."""
+    seed = secrets.randbits(63)
+    return seed, in_student_process(probes.replayed_launcher_call, recording, seed, list(CHANGED_INPUTS))
+
+
+def _judge_follow(launcher, what, names, replayed, expected, accepted, budget, tolerances):
+    """The verdict on a replayed call (coursekit.kernel_replay): its results must equal one
+    of the `accepted` answers for the changed keys and values, with at most `budget`
+    elements of PyTorch arithmetic on the host over data that depends on them. Results that
+    equal the answer for the real inputs were computed outside the kernels: reported for a
+    person to look at. Other wrong ones hold only for some inputs."""
+    if replayed["changed"]:
+        names = ", ".join(replayed["changed"][:5])
+        note_sighting(launcher, CHANGED_SIGHTING, f"{what}: rebound {names}")
+        raise GradingFailure(f"{what}: the notebook rebound {names}, which the grader's check of your kernels runs "
+                             "through, so it cannot run them again. Do not patch Triton, NumPy or PyTorch.")
+    if replayed["host_work"] > budget:
+        ops = ", ".join(replayed["host_ops"])
+        note_sighting(launcher, FOLLOW_SIGHTING, f"{what}: {replayed['host_work']} elements of host arithmetic "
+                                                 f"({ops}) on values from the kernels")
+        raise GradingFailure(
+            f"{what}: the launcher's PyTorch code computed on {replayed['host_work']} elements of values that come "
+            f"from the keys and values ({ops}), more than the {budget} a merge of partial results or a cast "
+            "needs: the attention must be computed by your kernels, not by PyTorch on the host.")
+    outputs = replayed["outputs"]
+    outputs = list(outputs) if isinstance(outputs, (tuple, list)) else [outputs]
+    found = [o.detach().double().cpu().numpy() if hasattr(o, "detach") else None for o in outputs]
+    if len(found) != len(names):
+        found = (found + [None] * len(names))[:len(names)]
+
+    def close(value, want):
+        rtol, atol = tolerances
+        return value is not None and value.shape == want.shape and bool(
+            np.allclose(value, want, rtol=rtol, atol=atol * max(1.0, float(np.abs(want).max()))))
+
+    if any(all(close(f, w) for f, w in zip(found, answer)) for answer in accepted):
+        return
+    unchanged = [name for name, f, w in zip(names, found, expected) if close(f, w)]
     if unchanged:
-        note_sighting(fn, FOLLOW_SIGHTING, f"{what}: {results} did not follow")
-        raise GradingFailure(f"{what}: {results} did not follow the keys your kernels loaded. {FOLLOW_HINT}")
-    raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader changed the signs of some keys "
-                         f"as your kernels loaded them: {hint}")
+        note_sighting(launcher, FOLLOW_SIGHTING, f"{what}: {', '.join(unchanged)} did not follow")
+        raise GradingFailure(f"{what}: {', '.join(unchanged)} did not follow the keys and values your kernels "
+                             f"loaded. {FOLLOW_HINT}")
+    raise GradingFailure(f"{what}: right for these inputs, but wrong once the grader ran your kernels again on keys "
+                         "and values with some signs changed: a formula that only holds for some inputs.")
 
 
-def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
-               follow=False):
+def _check_compiles(launcher, calls, what):
+    """The kernels `launcher` starts for `calls` (the hidden tests' calls, in the dtype a
+    GPU gets) must compile for COMPILE_TARGETS, not only run in the interpreter: one
+    launch per kernel, compiled in a jail (autograde.kernel_compile). What the compiler
+    makes of them (registers, spills, occupancy) is printed as advice."""
+    kernels = in_student_process(probes.launched_kernels, launcher, calls, what)
+    if not kernels:
+        raise GradingFailure(f"{what} launched no Triton kernel: call your @triton.jit kernels as kernel[grid](...).")
+    advice = []
+    for kernel, targets in zip(kernels, compile_kernels(launcher, kernels)):
+        for target in targets:
+            if target.compiles is None:
+                advice.append(f"{kernel['kernel']}: {target.problem()}")
+            elif not target.compiles:
+                where = target.where
+                at = f" (in {where['function']}, line {where['line']} of its cell: {where['text']})" if where else ""
+                message = where["message"] if where else (target.error or "").strip().splitlines()[-1]
+                raise GradingFailure(
+                    f"{kernel['kernel']} runs in Triton's interpreter but does not compile for an {target.target} "
+                    f"({target.arch}){at}: {message}. Inside @triton.jit, use tl operations, other @triton.jit "
+                    "functions and constexpr values only: NumPy, math on tensors or a plain Python function run in "
+                    "the interpreter, which executes kernels with NumPy, but not on a GPU.")
+            else:
+                advice.append(f"{kernel['kernel']} [{kernel['label']}] on {target.summary()}")
+    print(f"What {' and '.join(COMPILE_TARGETS)} make of your kernels (advice, not points):\n  " + "\n  ".join(advice))
+
+
+# ------------------------------------------------------------- the backward kernels in Triton
+
+BWD_HINT = ("Check D = rowsum(dO * O), P = exp(sm_scale * QK^T - lse) with the masks for the ragged last block and "
+            "the causal condition (key j <= query i), dS = P * (dP - D), the factor sm_scale in dQ and dK, and, "
+            "when k and v have fewer heads than q, that dK and dV add up every query head of the group. Inputs "
+            "may be non-contiguous: use their strides in the kernels, or .contiguous() copies in the launcher.")
+
+
+def _bwd_inputs(shape, causal, sm_scale, *, seed, dtype, magnitude, layout):
+    """(q, k, v, o, lse, do) as the launcher gets them, in float64 NumPy, and the
+    float64 o and lse of exact attention."""
     import torch
 
     device, dtype = _device_and_dtype(dtype)
@@ -262,59 +524,72 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
     q64, k64, v64, do64 = (t.double().numpy() for t in (q, k, v, do))
     group = heads // kv_heads
     o64, lse64 = ref.attention_with_lse(q64, np.repeat(k64, group, 1), np.repeat(v64, group, 1), causal, sm_scale)
-    expected = ref.attention_backward(q64, k64, v64, do64, causal, sm_scale)
-    o = torch.from_numpy(o64).to(device=device, dtype=dtype)
+    o = torch.from_numpy(o64).to(dtype=dtype)
     lse = torch.from_numpy(lse64).to(device=device, dtype=torch.float32)
-    q, k, v, do = (t.to(device) for t in (q, k, v, do))
+    if layout != "contiguous":      # lse, a (B, H, N) tensor, is then a strided window too
+        lse = _in_layout(lse[..., None], "sliced", gen)[..., 0]
+    q, k, v, o, do = (_in_layout(t.to(device), layout, gen) for t in (q, k, v, o, do))
+    return (q, k, v, o, lse, do), (q64, k64, v64, do64, o64, lse64), dtype
+
+
+def bwd_products(shape):
+    """Multiply-adds of Q K^T for one backward call: B * H * N * N * D."""
+    batch, heads, _, n, d = shape
+    return batch * heads * n * n * d
+
+
+def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, seed, dtype=None, magnitude=1.0,
+               follow=False, layout="contiguous"):
+    import torch
+
+    (q, k, v, o, lse, do), (q64, k64, v64, do64, o64, lse64), dtype = _bwd_inputs(
+        shape, causal, sm_scale, seed=seed, dtype=dtype, magnitude=magnitude, layout=layout)
+    expected = ref.attention_backward(q64, k64, v64, do64, causal, sm_scale)
     originals = [t.clone() for t in (q, k, v, o, lse, do)]
     what = (f"flash_attention_backward(q of shape {tuple(q.shape)}, k and v of shape {tuple(k.shape)}, {dtype}, "
-            f"causal={causal}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + ")")
-    found = in_student_process(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do, causal,
-                               sm_scale, what)
+            f"causal={causal}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
+            + ("" if layout == "contiguous" else f", non-contiguous inputs ({layout.replace('_', ' ')})") + ")")
+    kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
+    follow = follow and interpreting() and dtype == torch.float32
+    found, report, recording = _launch(flash_attention_backward, (q, k, v, o, lse, do), kwargs, what, record=follow)
     expect_sequence(found, 3, what=what, names="(dq, dk, dv)")
-    for name, before, after in zip(("q", "k", "v", "o", "lse", "do"), originals, (q, k, v, o, lse, do)):
-        if not torch.equal(before, after):
-            raise GradingFailure(f"{what} changed its input {name}; write only to the gradients.")
-    rtol, atol = _tolerances(dtype)
-    for name, value, want, like in zip(("dq", "dk", "dv"), found, expected, (q, k, v)):
-        if not isinstance(value, torch.Tensor):
-            raise GradingFailure(f"{what}: {name} should be a torch.Tensor, but is {describe(value)}.")
-        if tuple(value.shape) != tuple(like.shape) or value.dtype != dtype or value.device != like.device:
-            raise GradingFailure(f"{what}: {name} should be a {dtype} tensor of shape {tuple(like.shape)} on "
-                                 f"{like.device}, but is {value.dtype} of shape {tuple(value.shape)} on {value.device}.")
-        scale = max(1.0, float(np.abs(want).max()))       # gradients summed over many keys grow with n
-        expect_close(value.detach().double().cpu().numpy(), want, what=f"{what}: {name}", rtol=rtol,
-                     atol=atol * scale, hint=BWD_HINT)
-    if follow and interpreting() and dtype == torch.float32:
-        signs = _random_signs(k.shape)
-        flipped = k64 * signs
-        # P from the given log-sum-exp, or from one the kernels recompute over the keys they load.
-        accepted = [ref.attention_backward(q64, flipped, v64, do64, causal, sm_scale, o=o64, lse=lse64),
-                    ref.attention_backward(q64, flipped, v64, do64, causal, sm_scale, o=o64)]
-        found = in_student_process(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do,
-                                   causal, sm_scale, what, flip_k=signs)
-        grads = [g.detach().double().cpu().numpy() if isinstance(g, torch.Tensor) else None for g in found]
-        def close(g, w):
-            return g is not None and g.shape == w.shape and np.allclose(g, w, rtol=rtol,
-                                                                        atol=atol * max(1.0, np.abs(w).max()))
-
-        _judge_follow(flash_attention_backward, what, "the gradients",
-                      followed=any(all(close(g, w) for g, w in zip(grads, want)) for want in accepted),
-                      unchanged=all(close(g, w) for g, w in zip(grads, expected)),
-                      hint=f"a formula that only holds for some inputs. {BWD_HINT}")
+    _expect_inputs_unchanged(what, ("q", "k", "v", "o", "lse", "do"), originals, (q, k, v, o, lse, do),
+                             "write only to the gradients.")
+    results_bytes = _nbytes(q) + _nbytes(k) + _nbytes(v)
+    _compare_outputs(what, report, results_bytes, q.shape[-1], [
+        lambda name=name, value=value, want=want, like=like: _expect_tensor_close(f"{what}: {name}", value, want, like,
+                                                                                  dtype, BWD_HINT)
+        for name, value, want, like in zip(("dq", "dk", "dv"), found, expected, (q, k, v))])
+    _judge_kernels(what, report, stored_at_least=results_bytes, loaded_at_least=_nbytes(q) + _nbytes(do))
+    if follow:
+        seed_flip, replayed = _replay(flash_attention_backward, recording)
+        signs_k, signs_v = flip_signs(seed_flip, [k.shape, v.shape])
+        k2, v2 = k64 * signs_k, v64 * signs_v
+        # P from the given log-sum-exp, from one the kernels recompute over the keys they load,
+        # or with O recomputed as well.
+        accepted = [ref.attention_backward(q64, k2, v2, do64, causal, sm_scale, o=o64, lse=lse64),
+                    ref.attention_backward(q64, k2, v2, do64, causal, sm_scale, o=o64),
+                    ref.attention_backward(q64, k2, v2, do64, causal, sm_scale)]
+        _judge_follow(flash_attention_backward, what, ("dq", "dk", "dv"), replayed, expected, accepted,
+                      bwd_products(shape) // 2, _tolerances(dtype))
 
 
 def check_bwd_output(flash_attention_backward):
-    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads; float16 too
-    (the interpreter supports it), and bfloat16 on a GPU."""
+    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads; non-contiguous
+    inputs (the (B, N, H, D) layout of a projection, the head dimension not contiguous, windows
+    of wider buffers); float16 too (the interpreter supports it), and bfloat16 on a GPU."""
     import torch
 
     device, _ = _device_and_dtype(None)
     for i, shape in enumerate([(1, 1, 1, 64, 16), (1, 2, 2, 64, 32), (2, 1, 1, 64, 64), (1, 1, 1, 32, 128)]):
-        _check_bwd(flash_attention_backward, shape, seed=700 + i, follow=i == 0)
+        _check_bwd(flash_attention_backward, shape, seed=700 + i)
+    for i, (shape, layout) in enumerate([((1, 2, 2, 64, 16), "heads_inner"), ((1, 2, 1, 32, 16), "d_major"),
+                                         ((1, 2, 2, 40, 16), "sliced")]):
+        _check_bwd(flash_attention_backward, shape, seed=740 + i, layout=layout, follow=i == 0)
     _check_bwd(flash_attention_backward, (1, 2, 2, 64, 32), seed=750, dtype=torch.float16)
     if device == "cuda":
         _check_bwd(flash_attention_backward, (2, 2, 2, 128, 64), seed=751, dtype=torch.bfloat16)
+        _check_bwd(flash_attention_backward, (2, 4, 2, 96, 64), seed=752, dtype=torch.bfloat16, layout="heads_inner")
 
 
 def check_bwd_ragged_causal(flash_attention_backward):
@@ -322,7 +597,8 @@ def check_bwd_ragged_causal(flash_attention_backward):
     for i, (shape, causal) in enumerate([((1, 1, 1, 1, 16), False), ((1, 1, 1, 1, 32), True),
                                          ((1, 2, 2, 5, 16), False), ((2, 1, 1, 17, 32), True),
                                          ((1, 1, 1, 33, 64), True), ((1, 1, 1, 67, 16), False),
-                                         ((1, 2, 2, 64, 32), True), ((1, 1, 1, 96, 16), True)]):
+                                         ((1, 2, 2, 64, 32), True), ((1, 1, 1, 96, 16), True),
+                                         ((1, 1, 1, 71, 16), True)]):
         _check_bwd(flash_attention_backward, shape, causal, seed=800 + i, follow=i == 3)
 
 
@@ -331,7 +607,7 @@ def check_bwd_scale(flash_attention_backward):
     for i, (shape, causal, sm_scale, magnitude) in enumerate([
             ((1, 1, 1, 64, 32), False, 0.05, 1.0), ((1, 2, 2, 64, 16), True, 1.0, 1.0),
             ((1, 1, 1, 40, 64), False, 0.3, 1.0), ((1, 1, 1, 64, 16), False, None, 8.0),
-            ((1, 1, 1, 48, 32), True, None, 6.0)]):
+            ((1, 1, 1, 48, 32), True, None, 6.0), ((2, 2, 1, 33, 16), True, 2.0, 3.0)]):
         _check_bwd(flash_attention_backward, shape, causal, sm_scale, seed=900 + i, magnitude=magnitude,
                    follow=i == 0)
 
@@ -340,8 +616,21 @@ def check_bwd_gqa(flash_attention_backward):
     """Grouped-query attention: k and v with 1 (multi-query) or H / 2 or H / 3 heads; dK and dV
     must add up the query heads of each group."""
     for i, (shape, causal) in enumerate([((1, 4, 2, 40, 16), False), ((2, 4, 1, 33, 32), True),
-                                         ((1, 6, 3, 64, 16), True)]):
+                                         ((1, 6, 3, 64, 16), True), ((2, 8, 2, 20, 16), False)]):
         _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i, follow=i == 0)
+
+
+def check_bwd_compiles(flash_attention_backward):
+    """The backward kernels, as the hidden tests launch them on a GPU (float16, causal
+    and not, q of shape (1, 2, 64, 32)), must compile for an A100 and an H100."""
+    import torch
+
+    calls = []
+    for causal in (False, True):
+        inputs, _, _ = _bwd_inputs((1, 2, 2, 64, 32), causal, None, seed=750, dtype=torch.float16, magnitude=1.0,
+                                   layout="contiguous")
+        calls.append((list(inputs), {"causal": causal}))
+    _check_compiles(flash_attention_backward, calls, "flash_attention_backward (its kernels compiled for GPUs)")
 
 
 def bwd_overhead_allowance(d, element_size):
@@ -350,10 +639,23 @@ def bwd_overhead_allowance(d, element_size):
     return 5 * d * element_size + 4 * d + 8
 
 
+def _judge_square(what, report, batch, heads, n, d, element):
+    """With N > 2D no buffer the size of the inputs (or of a float32 copy) has N x N entries
+    for every head, or two axes of length N: such a tensor holds P, dP or dS."""
+    square = [shape for shape in report["shapes"] if sum(size == n for size in shape) >= 2]
+    if n > 2 * d and (square or report["largest"] >= batch * heads * n * n * element):
+        found = f"a tensor of shape {tuple(square[0])}" if square else f"a tensor of {report['largest']} bytes"
+        raise GradingFailure(
+            f"{what}: the launcher made {found}, the size of an N x N matrix (N = {n}). FlashAttention's backward "
+            "keeps P, dP and dS as tiles inside the kernels: allocate only buffers of the size of the inputs.")
+
+
 def check_bwd_memory(flash_attention_backward):
     """Memory beyond dq, dk and dv at several N, by the rules of the forward kernel's check:
     tiles of a fixed size cost the same at every N, so the overhead may grow no faster than
-    bwd_overhead_allowance per token, which a BLOCK x N strip of P or an N x N matrix exceeds."""
+    bwd_overhead_allowance per token, which a BLOCK x N strip of P or an N x N matrix exceeds;
+    no buffer of N x N entries. Under the interpreter, the first call is also replayed: a
+    launcher whose results are not computed by its kernels gets no point here either."""
     import torch
 
     device, dtype = _device_and_dtype(None)
@@ -364,26 +666,38 @@ def check_bwd_memory(flash_attention_backward):
     overheads = []
     for n in sizes:
         q, k, v, do = (torch.randn(1, 1, n, d, generator=gen).to(dtype) for _ in range(4))
-        o64, lse64 = ref.attention_with_lse(q.double().numpy(), k.double().numpy(), v.double().numpy())
-        expected = ref.attention_backward(*(t.double().numpy() for t in (q, k, v, do)))
+        q64, k64, v64, do64 = (t.double().numpy() for t in (q, k, v, do))
+        o64, lse64 = ref.attention_with_lse(q64, k64, v64)
+        expected = ref.attention_backward(q64, k64, v64, do64)
         o, lse = torch.from_numpy(o64).to(device=device, dtype=dtype), torch.from_numpy(lse64).float().to(device)
         q, k, v, do = (t.to(device) for t in (q, k, v, do))
+        args = (q, k, v, o, lse, do)
         what = f"flash_attention_backward(q, k, v, o, lse, do with N={n}, D={d})"
         # A first call loads code and fills caches; its memory is not measured, so it also
-        # records the store addresses (plain stores by several programs lose the cell).
-        in_student_process(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do, False, None,
-                           what)
+        # records the store addresses (plain stores by several programs lose the cell), and,
+        # at the first size, the call for the replay.
+        first = n == sizes[0] and interpreting() and dtype == torch.float32
+        _, report, recording = _launch(flash_attention_backward, args, {"causal": False}, what, record=first)
+        _judge_kernels(what, report, stored_at_least=3 * _nbytes(q), loaded_at_least=2 * _nbytes(q))
+        _judge_square(what, report, 1, 1, n, d, element)
+        if first:
+            seed_flip, replayed = _replay(flash_attention_backward, recording)
+            signs_k, signs_v = flip_signs(seed_flip, [k.shape, v.shape])
+            k2, v2 = k64 * signs_k, v64 * signs_v
+            accepted = [ref.attention_backward(q64, k2, v2, do64, o=o64, lse=lse64),
+                        ref.attention_backward(q64, k2, v2, do64, o=o64), ref.attention_backward(q64, k2, v2, do64)]
+            _judge_follow(flash_attention_backward, what, ("dq", "dk", "dv"), replayed, expected, accepted,
+                          bwd_products((1, 1, 1, n, d)) // 2, _tolerances(dtype))
         if device == "cuda":
-            grads, peak = in_student_process(probes.cuda_backward_peak, flash_attention_backward, q, k, v, o, lse, do,
-                                             what)
+            grads, report, peak = in_student_process(probes.cuda_launcher_peak, flash_attention_backward, list(args),
+                                                     {"causal": False}, what)
         else:
-            grads, peak = traced_peak(probes.backward_traced_call, flash_attention_backward, q, k, v, o, lse, do,
-                                      False, None, what, shared_stores=False)
+            (grads, report, _), peak = traced_peak(probes.traced_launcher_call, flash_attention_backward, list(args),
+                                                   {"causal": False}, what, False, False)
         expect_sequence(grads, 3, what=what, names="(dq, dk, dv)")
-        rtol, atol = _tolerances(dtype)
-        for name, value, want in zip(("dq", "dk", "dv"), grads, expected):
-            expect_close(value.detach().double().cpu().numpy(), want, what=f"{what}: {name}", rtol=rtol,
-                         atol=atol * max(1.0, float(np.abs(want).max())), hint=BWD_HINT)
+        for name, value, want, like in zip(("dq", "dk", "dv"), grads, expected, (q, k, v)):
+            _expect_tensor_close(f"{what}: {name}", value, want, like, dtype, BWD_HINT)
+        _judge_square(what, report, 1, 1, n, d, element)
         overheads.append(peak - 3 * n * d * element)
         scores = n * n * element
         if peak > scores / 4 + n * d * element * 16 + 2**20:
@@ -403,63 +717,76 @@ def check_bwd_memory(flash_attention_backward):
 # ------------------------------------------------------------- split-K decoding
 
 DECODE_HINT = ("Query head h reads key/value head h // (H_q // H_kv); only the first cache_lens[b] positions of "
-               "sequence b count; each chunk stores its (m, l, o), and the merge weighs o_c by l_c * exp(m_c - m).")
+               "sequence b count, and the number of chunks must cover the longest sequence (not the first); each "
+               "chunk stores its (m, l, o), and the merge weighs o_c by l_c * exp(m_c - m), with m the largest "
+               "score, so that large scores do not overflow. Inputs may be non-contiguous.")
+
+
+def decode_products(heads, d, lens):
+    """Multiply-adds of q . k for one decoding call: H_q * sum(cache_lens) * D."""
+    return heads * int(sum(lens)) * d
 
 
 def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm_scale=None, *, seed, dtype=None,
-                  follow=False):
+                  follow=False, layout="contiguous", magnitude=1.0, lens_dtype=None):
     import torch
 
     device, dtype = _device_and_dtype(dtype)
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn(batch, heads, d, generator=gen).to(dtype)
-    k_cache, v_cache = (torch.randn(batch, kv_heads, max_len, d, generator=gen).to(dtype) for _ in range(2))
-    expected = ref.decode_attention(q.double().numpy(), k_cache.double().numpy(), v_cache.double().numpy(), lens,
-                                    sm_scale)
-    q, k_cache, v_cache = (t.to(device) for t in (q, k_cache, v_cache))
-    cache_lens = torch.tensor(lens, dtype=torch.int32, device=device)
+    q = (magnitude * torch.randn(batch, heads, d, generator=gen)).to(dtype)
+    k_cache = (magnitude * torch.randn(batch, kv_heads, max_len, d, generator=gen)).to(dtype)
+    v_cache = torch.randn(batch, kv_heads, max_len, d, generator=gen).to(dtype)
+    q64, k64, v64 = (t.double().numpy() for t in (q, k_cache, v_cache))
+    expected = ref.decode_attention(q64, k64, v64, lens, sm_scale)
+    q, k_cache, v_cache = (_in_layout(t.to(device), layout, gen) for t in (q, k_cache, v_cache))
+    cache_lens = torch.tensor(lens, dtype=lens_dtype or torch.int32, device=device)
     originals = [t.clone() for t in (q, k_cache, v_cache, cache_lens)]
-    what = (f"decode_attention(q of shape {tuple(q.shape)}, caches of shape {tuple(k_cache.shape)}, cache_lens={lens}, "
-            f"{dtype}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "") + ")")
-    out, launches = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
-                                       sm_scale, what)
-    for name, before, after in zip(("q", "k_cache", "v_cache", "cache_lens"), originals,
-                                   (q, k_cache, v_cache, cache_lens)):
-        if not torch.equal(before, after):
-            raise GradingFailure(f"{what} changed its input {name}; write only to new buffers.")
+    what = (f"decode_attention(q of shape {tuple(q.shape)}, caches of shape {tuple(k_cache.shape)}, cache_lens={lens}"
+            f" ({str(cache_lens.dtype).removeprefix('torch.')}), {dtype}"
+            + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
+            + ("" if layout == "contiguous" else f", non-contiguous inputs ({layout.replace('_', ' ')})") + ")")
+    kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
+    follow = follow and interpreting() and dtype == torch.float32
+    out, report, recording = _launch(decode_attention, (q, k_cache, v_cache, cache_lens), kwargs, what,
+                                     record=follow)
+    _expect_inputs_unchanged(what, ("q", "k_cache", "v_cache", "cache_lens"), originals,
+                             (q, k_cache, v_cache, cache_lens), "write only to new buffers.")
     if not isinstance(out, torch.Tensor) or tuple(out.shape) != tuple(q.shape) or out.dtype != dtype:
         raise GradingFailure(f"{what} should return a {dtype} tensor of shape {tuple(q.shape)}, but returned "
                              f"{describe(out) if not isinstance(out, torch.Tensor) else f'{out.dtype} {tuple(out.shape)}'}.")
-    rtol, atol = _tolerances(dtype)
-    expect_close(out.detach().double().cpu().numpy(), expected, what=what, rtol=rtol, atol=atol, hint=DECODE_HINT)
-    if follow and interpreting() and dtype == torch.float32:
-        signs = _random_signs(k_cache.shape)
-        want = ref.decode_attention(q.double().numpy(), k_cache.double().numpy() * signs, v_cache.double().numpy(),
-                                    lens, sm_scale)
-        out, _ = in_student_process(probes.decode_traced_call, decode_attention, q, k_cache, v_cache, cache_lens,
-                                    sm_scale, what, flip_k=signs)
-        found = out.detach().double().cpu().numpy() if isinstance(out, torch.Tensor) else None
-        def close(w):
-            return found is not None and found.shape == w.shape and np.allclose(found, w, rtol=rtol, atol=atol)
-
-        _judge_follow(decode_attention, what, "the output", followed=close(want), unchanged=close(expected),
-                      hint=DECODE_HINT)
-    return launches
+    _compare_outputs(what, report, _nbytes(q), q.shape[-1],
+                     [lambda: _expect_tensor_close(what, out, expected, q, dtype, DECODE_HINT)])
+    _judge_kernels(what, report, stored_at_least=_nbytes(q), loaded_at_least=_nbytes(q))
+    if follow:
+        seed_flip, replayed = _replay(decode_attention, recording)
+        signs_k, signs_v = flip_signs(seed_flip, [k_cache.shape, v_cache.shape])
+        accepted = [[ref.decode_attention(q64, k64 * signs_k, v64 * signs_v, lens, sm_scale)]]
+        _judge_follow(decode_attention, what, ("the output",), replayed, [expected], accepted,
+                      decode_products(heads, d, lens) // 2, _tolerances(dtype))
+    return report["log"]
 
 
 def check_decode_output(decode_attention):
-    """Caches of 1 to 300 positions with per-sequence lengths (1, full, ragged), query groups of 1
-    (multi-head), 2, 4 and 8 (multi-query), head dims 16-128, a custom sm_scale; float16 too."""
+    """Caches of 1 to 300 positions with per-sequence lengths (1, full, ragged, a first sequence
+    much shorter than later ones), query groups of 1 (multi-head), 2, 4 and 8 (multi-query),
+    head dims 16-128, a custom sm_scale, large scores, int32 and int64 lengths, non-contiguous
+    inputs (a window of a longer preallocated cache, the (B, L, H, D) layout); float16 too."""
     import torch
 
     device, _ = _device_and_dtype(None)
     for i, (batch, heads, kv_heads, max_len, d, lens, scale) in enumerate([
             (1, 1, 1, 1, 16, [1], None), (2, 2, 2, 40, 32, [40, 7], None), (3, 4, 2, 100, 64, [1, 100, 65], None),
-            (1, 8, 1, 300, 16, [257], 0.5), (2, 4, 4, 64, 128, [64, 33], None), (2, 6, 3, 130, 32, [129, 2], 0.1)]):
-        _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i, follow=i == 2)
+            (1, 8, 1, 300, 16, [257], 0.5), (2, 4, 4, 64, 128, [64, 33], None), (2, 6, 3, 130, 32, [129, 2], 0.1),
+            (2, 2, 1, 300, 16, [3, 300], None)]):
+        _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i,
+                      follow=i == 2)
+    _check_decode(decode_attention, 2, 4, 2, 120, 32, [20, 120], seed=1242, layout="sliced", lens_dtype=torch.int64)
+    _check_decode(decode_attention, 2, 2, 1, 90, 16, [90, 31], seed=1243, layout="heads_inner", magnitude=12.0)
     _check_decode(decode_attention, 2, 4, 2, 96, 32, [96, 50], seed=1250, dtype=torch.float16)
     if device == "cuda":
         _check_decode(decode_attention, 2, 8, 2, 4096, 128, [4096, 1000], seed=1251, dtype=torch.bfloat16)
+        _check_decode(decode_attention, 3, 8, 2, 4096, 128, [7, 4096, 2500], seed=1252, dtype=torch.bfloat16,
+                      layout="sliced")
 
 
 def check_decode_split(decode_attention):
@@ -467,11 +794,15 @@ def check_decode_split(decode_attention):
     reads the cache and reduces it must have more programs than (sequence, query head) pairs.
     Under the interpreter that launch is found by its bytes: it loads at least a quarter of the
     valid cache and stores less than a quarter of what it loads (a copy or a cast of the cache
-    stores as much as it loads, and does not count); on a GPU, the largest grid must be split."""
+    stores as much as it loads, and does not count); on a GPU, the largest grid must be split.
+    Under the interpreter a shorter call is first replayed: a launcher whose results are not
+    computed by its kernels gets no point here either."""
     import torch
 
+    _check_decode(decode_attention, 2, 4, 2, 128, 32, [128, 90], seed=1301, follow=True)
     batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 2048, 64, [2048, 1500]
-    launches = _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, seed=1300)
+    launches = [entry[1:] for entry in _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens,
+                                                     seed=1300)]
     advice = ("one program then reads a whole cache alone while the rest of the GPU idles. Split the cache into "
               "chunks, one program per (chunk, sequence, head), then merge the chunks' partial states.")
     if launches and launches[0][1] is not None:
@@ -481,16 +812,30 @@ def check_decode_split(decode_attention):
         if not reading:
             raise GradingFailure(
                 f"decode_attention on caches of {lens} positions: no kernel launch read the cache and reduced it "
-                f"(launches as (programs, bytes loaded, bytes stored): {launches}; the valid cache holds {cache} "
-                "bytes). The attention over the cache must run in your kernels.")
+                f"(launches as (programs, bytes loaded, bytes stored): {[tuple(x) for x in launches]}; the valid "
+                f"cache holds {cache} bytes). The attention over the cache must run in your kernels.")
         small = [p for p, _, _ in reading if p <= batch * heads]
         if small:
             raise GradingFailure(
                 f"decode_attention on caches of {lens} positions: the kernel that reads the cache ran {small[0]} "
                 f"programs, no more than one per (sequence, query head) ({batch * heads}): " + advice)
         return
-    grids = [p for p, _, _ in launches]
+    grids = [p for p, _, _ in launches if p is not None]
     if not grids or max(grids) <= batch * heads:
         raise GradingFailure(
             f"decode_attention on a cache of {max_len} positions launched grids of {grids} programs, never more than "
             f"one program per (sequence, query head) ({batch * heads}): " + advice)
+
+
+def check_decode_compiles(decode_attention):
+    """The decoding kernels, as the hidden tests launch them on a GPU (float16, caches of
+    96 and 50 positions, 4 query heads sharing 2), must compile for an A100 and an H100."""
+    import torch
+
+    device, _ = _device_and_dtype(None)
+    gen = torch.Generator().manual_seed(1250)
+    q = torch.randn(2, 4, 32, generator=gen).half()
+    k_cache, v_cache = (torch.randn(2, 2, 96, 32, generator=gen).half() for _ in range(2))
+    lens = torch.tensor([96, 50], dtype=torch.int32)
+    calls = [([t.to(device) for t in (q, k_cache, v_cache, lens)], {})]
+    _check_compiles(decode_attention, calls, "decode_attention (its kernels compiled for GPUs)")

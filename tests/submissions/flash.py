@@ -96,10 +96,30 @@ def tiled_attention_backward(q, k, v, o, do, lse, block_m, block_n, causal=False
     return dq, dk, dv
 """
 
+# An n x n boolean mask, built only when causal: every output is right, and a mask of booleans
+# is an eighth of a float64 matrix, but at n = 2048 it is still several times the tiles' budget.
+TILED_CAUSAL_FULL_MASK = _edit(
+    "tiled_attention_backward", "    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)\n",
+    "    dq, dk, dv = np.zeros(q.shape), np.zeros(k.shape), np.zeros(v.shape)\n"
+    "    allowed = np.tri(n_q, n_k, dtype=bool) if causal else None   # Bug: an n x n mask\n").replace(
+    "p = np.where(cols[None, :] <= rows[:, None], p, 0.0)", "p = np.where(allowed[np.ix_(rows, cols)], p, 0.0)")
+
 # --- traffic ---------------------------------------------------------------------------
 
 TRAFFIC_FLOOR = _edit("hbm_traffic_backward", "key_blocks = (n + block_n - 1) // block_n",
                       "key_blocks = n // block_n  # Bug: floor, a last partial block is not counted")
+
+# The counts through floats: np.ceil returns a float, so the total is a float made an int at the
+# end; exact only while the total (or its odd part) stays below 2^53.
+TRAFFIC_THROUGH_FLOAT = _edit("hbm_traffic_backward", "key_blocks = (n + block_n - 1) // block_n",
+                              "key_blocks = np.ceil(n / block_n)  # Bug: a float count").replace(
+    "return preprocess + dkdv_pass + dq_pass", "return int(preprocess + dkdv_pass + dq_pass)")
+
+# The same in NumPy's int64: exact until the total passes 2^63, then it wraps around.
+TRAFFIC_INT64 = _edit("hbm_traffic_backward", "    preprocess = (n * d + n * d) + n",
+                      "    n, d, block_m, block_n = (np.int64(x) for x in (n, d, block_m, block_n))  # Bug: int64\n"
+                      "    preprocess = (n * d + n * d) + n").replace(
+    "return preprocess + dkdv_pass + dq_pass", "return int(preprocess + dkdv_pass + dq_pass)")
 
 # --- the backward kernels -----------------------------------------------------------------
 
@@ -155,6 +175,34 @@ STYLE_BWD_UNEQUAL_BLOCKS = edit("flash_attention_backward", "block_m = block_n =
 
 BWD_GQA_NOT_SUMMED = edit("bwd_dkdv_kernel", "for g in range(GROUP):",
                           "for g in range(1):  # Bug: only the first query head of each group")
+
+# The kernels index q, k, v, o, do and lse as contiguous (B, H, N, D) arrays, and the launcher
+# does not make them so: right for contiguous inputs only.
+BWD_ASSUMES_CONTIGUOUS = {"flash_attention_backward": _edit(
+    "flash_attention_backward", "    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))\n    lse = lse.contiguous().float()",
+    "    lse = lse.float()   # Bug: the kernels assume contiguous inputs")}
+
+# The head dimension cut at 64: D = 128 loses its last 64 columns.
+BWD_HEAD_DIM_CUT_AT_64 = edit("flash_attention_backward", "block_d = max(16, triton.next_power_of_2(head_dim))",
+                              "block_d = min(64, max(16, triton.next_power_of_2(head_dim)))  # Bug: D cut at 64")
+
+# A launcher that allocates an N x N scratch buffer (and never needs it): only memory is wrong.
+BWD_NXN_SCRATCH = edit("flash_attention_backward", "    block_m = block_n = 32\n",
+                       "    block_m = block_n = 32\n"
+                       "    scratch = torch.empty((batch, heads, seq_len, seq_len), device=q.device)  # Bug: N x N\n")
+
+# Kernels that run only in the interpreter: NumPy inside @triton.jit computes on the
+# interpreter's arrays, and a plain Python helper runs as Python; neither compiles for a GPU.
+BWD_NUMPY_IN_KERNEL = edit("bwd_dkdv_kernel", "p_t = tl.where(keep, tl.exp(s_t - lse[None, :]), 0.0)",
+                           "p_t = tl.where(keep, np.exp(s_t - lse[None, :]), 0.0)  # Bug: NumPy inside a kernel")
+
+DECODE_PLAIN_PYTHON_HELPER = {"decode_split_kernel": """
+def _scaled_scores(k, q, sm_scale):   # Bug: a plain Python function (no @triton.jit) called by the kernel
+    return tl.sum(k * q[None, :], axis=1) * sm_scale
+
+
+""" + _edit("decode_split_kernel", 's = tl.where(valid, tl.sum(k * q[None, :], axis=1) * sm_scale, -float("inf"))',
+            's = tl.where(valid, _scaled_scores(k, q, sm_scale), -float("inf"))')}
 
 BWD_GRADS_IN_TORCH = {"flash_attention_backward": """
 @triton.jit
@@ -277,6 +325,20 @@ def decode_attention(q, k_cache, v_cache, cache_lens, sm_scale=None):
     return dst
 """}
 
+# The number of chunks from the first sequence's length: a longer later sequence loses its tail
+# once it needs more chunks than the first (chunks of 256: a later sequence past 256 shows it).
+DECODE_CHUNKS_FROM_FIRST = {"decode_attention": _edit(
+    "decode_attention", "num_chunks = triton.cdiv(max_len, chunk)",
+    "num_chunks = triton.cdiv(int(cache_lens[0]), chunk)  # Bug: the first sequence's length").replace(
+    "chunk = 64", "chunk = 256")}
+
+DECODE_ASSUMES_CONTIGUOUS = edit("decode_attention", "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))\n",
+                                 "    # Bug: the kernels assume contiguous inputs\n")
+
+# The merge weighs each chunk by l * exp(m): exp of a score in the hundreds overflows.
+DECODE_MERGE_WITHOUT_MAX = edit("decode_merge_kernel", "weight = l * tl.exp(m - top)",
+                                "weight = l * tl.exp(m)  # Bug: exp(m) overflows for large scores")
+
 DECODE_ONE_PROGRAM_PER_HEAD = edit("decode_attention", "chunk = 64",
                                    "chunk = triton.next_power_of_2(max_len)  # Bug: one chunk, one program per head")
 
@@ -306,9 +368,58 @@ STYLE_DECODE_TORCH_MERGE = {"decode_attention": _edit(
     merged = (o_part * weight[..., None]).sum(dim=1) / weight.sum(dim=1, keepdim=True)
     return merged.view(batch, heads, head_dim).to(q.dtype)""")}
 
+# --- correct designs in other styles -------------------------------------------------------
+
+# Grouped heads on the host: k and v repeated for every query head, the kernels run as for
+# multi-head attention, and dK, dV summed over each group by PyTorch (a small host reduction).
+STYLE_BWD_GQA_ON_HOST = {"flash_attention_backward": _edit(
+    "flash_attention_backward", "    kv_heads = k.shape[1]\n",
+    "    group = heads // k.shape[1]\n"
+    "    k, v = (t.repeat_interleave(group, 1) for t in (k, v))   # one key/value head per query head\n"
+    "    kv_heads = heads\n").replace(
+    "    return dq, dk, dv",
+    "    fold = lambda t: t.view(batch, heads // group, group, seq_len, head_dim).sum(2)\n"
+    "    return dq, fold(dk), fold(dv)")}
+
+# The kernels compute in float32 copies made by the launcher, which casts the gradients back.
+STYLE_BWD_FLOAT32_COPIES = {"flash_attention_backward": _edit(
+    "flash_attention_backward", "    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))",
+    "    dtype = q.dtype\n"
+    "    q, k, v, o, do = (t.float().contiguous() for t in (q, k, v, o, do))").replace(
+    "    return dq, dk, dv", "    return dq.to(dtype), dk.to(dtype), dv.to(dtype)")}
+
+# As many chunks as the longest sequence needs (not the cache's capacity).
+STYLE_DECODE_CHUNKS_FROM_LONGEST = edit("decode_attention", "num_chunks = triton.cdiv(max_len, chunk)",
+                                        "num_chunks = triton.cdiv(int(cache_lens.max()), chunk)")
+
+# The split kernel reads q and the caches through their strides: no contiguous copies, and the
+# output allocated contiguous (the merge kernel writes it so).
+_STRIDED_SPLIT = _edit("decode_split_kernel", "num_heads, max_len, head_dim, num_chunks, sm_scale,",
+                       "num_heads, max_len, head_dim, num_chunks, sm_scale,\n"
+                       "                        sqb, sqh, sqd, skb, skh, skn, skd, svb, svh, svn, svd,").replace(
+    "(contiguous inputs)", "(inputs of any strides)")
+for old, new in [
+        ("q = tl.load(Q + off_bh * head_dim + offs_d,",
+         "b, h = off_bh // num_heads, off_bh % num_heads\n    q = tl.load(Q + b * sqb + h * sqh + offs_d * sqd,"),
+        ("cache = K + (off_bh // GROUP) * max_len * head_dim", "cache = K + b * skb + (h // GROUP) * skh"),
+        ("values = V + (off_bh // GROUP) * max_len * head_dim", "values = V + b * svb + (h // GROUP) * svh"),
+        ("k = tl.load(cache + where,", "k = tl.load(cache + offs_n[:, None] * skn + offs_d[None, :] * skd,"),
+        ("v = tl.load(values + where,", "v = tl.load(values + offs_n[:, None] * svn + offs_d[None, :] * svd,")]:
+    assert _STRIDED_SPLIT.count(old) == 1, old
+    _STRIDED_SPLIT = _STRIDED_SPLIT.replace(old, new)
+_STRIDED_LAUNCHER = _edit("decode_attention", "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))\n", "")
+for old, new in [("m_part, l_part, o_part, heads, max_len, head_dim, num_chunks, sm_scale,",
+                  "m_part, l_part, o_part, heads, max_len, head_dim, num_chunks, sm_scale,\n"
+                  "        *q.stride(), *k_cache.stride(), *v_cache.stride(),"),
+                 ("out = torch.empty_like(q)", "out = torch.empty(q.shape, device=q.device, dtype=q.dtype)")]:
+    assert _STRIDED_LAUNCHER.count(old) == 1, old
+    _STRIDED_LAUNCHER = _STRIDED_LAUNCHER.replace(old, new)
+STYLE_DECODE_STRIDED = {"decode_split_kernel": _STRIDED_SPLIT, "decode_attention": _STRIDED_LAUNCHER}
+
 MERGE_CELLS = {"test_merge_softmax_states", "test_merge_values_hidden", "test_merge_extreme_hidden"}
 TILED_CELLS = {"test_tiled_attention_backward", "test_tiled_bwd_output_hidden", "test_tiled_bwd_causal_hidden",
                "test_tiled_bwd_extreme_hidden", "test_tiled_bwd_memory_hidden"}
+TRAFFIC_CELLS = {"test_hbm_traffic_backward", "test_traffic_backward_hidden"}
 BWD_HIDDEN = {"test_bwd_output_hidden", "test_bwd_ragged_causal_hidden", "test_bwd_scale_hidden",
               "test_bwd_gqa_hidden", "test_bwd_memory_hidden"}
 BWD_CAUSAL_CELLS = {"test_flash_attention_backward", "test_bwd_ragged_causal_hidden", "test_bwd_scale_hidden",
@@ -321,7 +432,11 @@ BUGGY = {
     "tiled_bwd_p_without_lse": ({"tiled_attention_backward": TILED_P_WITHOUT_LSE}, {"test_tiled_bwd_extreme_hidden"}),
     "tiled_bwd_strip_of_p": ({"tiled_attention_backward": TILED_STRIP},
                              {"test_tiled_attention_backward", "test_tiled_bwd_memory_hidden"}),
+    "tiled_bwd_causal_full_mask": ({"tiled_attention_backward": TILED_CAUSAL_FULL_MASK},
+                                   {"test_tiled_attention_backward", "test_tiled_bwd_memory_hidden"}),
     "traffic_backward_floor": ({"hbm_traffic_backward": TRAFFIC_FLOOR}, {"test_traffic_backward_hidden"}),
+    "traffic_backward_through_float": ({"hbm_traffic_backward": TRAFFIC_THROUGH_FLOAT}, TRAFFIC_CELLS),
+    "traffic_backward_int64": ({"hbm_traffic_backward": TRAFFIC_INT64}, TRAFFIC_CELLS),
     "bwd_ds_without_d": (BWD_DS_WITHOUT_D, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dk_without_scale": (BWD_DK_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_dq_without_scale": (BWD_DQ_UNSCALED, BWD_HIDDEN | {"test_flash_attention_backward"}),
@@ -331,12 +446,23 @@ BUGGY = {
     "bwd_d_from_one_key_block": (BWD_D_FROM_ONE_TILE, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS),
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden"}),
+    "bwd_assumes_contiguous_inputs": (BWD_ASSUMES_CONTIGUOUS,
+                                      {"test_flash_attention_backward", "test_bwd_output_hidden"}),
+    "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_bwd_output_hidden"}),
+    "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_bwd_memory_hidden"}),
+    "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
     "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
-    "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, BWD_HIDDEN),
+    # Only the memory cell sees the N x N buffers; the products are the notebook's own kernels'.
+    "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, {"test_bwd_memory_hidden"}),
     "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden", "test_decode_split_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
+    "decode_chunks_from_first_length": (DECODE_CHUNKS_FROM_FIRST, {"test_decode_attention", "test_decode_output_hidden"}),
+    "decode_assumes_contiguous_inputs": (DECODE_ASSUMES_CONTIGUOUS,
+                                         {"test_decode_attention", "test_decode_output_hidden"}),
+    "decode_merge_without_max": (DECODE_MERGE_WITHOUT_MAX, {"test_decode_output_hidden"}),
+    "decode_plain_python_helper_in_a_kernel": (DECODE_PLAIN_PYTHON_HELPER, {"test_decode_compiles_hidden"}),
     "decode_copy_kernel_then_one_program_per_head": (DECODE_COPY_THEN_UNSPLIT, {"test_decode_split_hidden"}),
 }
 
@@ -345,6 +471,10 @@ CORRECT = {
     "decode_merge_in_torch": STYLE_DECODE_TORCH_MERGE,
     "bwd_one_kernel_with_atomics": STYLE_BWD_ATOMICS,
     "bwd_unequal_blocks": STYLE_BWD_UNEQUAL_BLOCKS,
+    "bwd_grouped_heads_on_the_host": STYLE_BWD_GQA_ON_HOST,
+    "bwd_float32_copies": STYLE_BWD_FLOAT32_COPIES,
+    "decode_chunks_from_the_longest": STYLE_DECODE_CHUNKS_FROM_LONGEST,
+    "decode_strided_kernel": STYLE_DECODE_STRIDED,
 }
 
 # Planted answers that the integrity report must flag for a person to look at.
