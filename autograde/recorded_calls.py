@@ -30,11 +30,17 @@ def counted_decode_steps(decode_with_kv_cache, x, *weights, what):
     """(output, calls) of decode_with_kv_cache(x, *weights) with each decode_step
     call recorded as (x_t, cache_k, cache_v, output_t, threaded): copies of what
     it was given and of the output it returned, and whether the caches it was
-    given are, bit for bit, those the previous call handed back."""
-    if not isinstance(decode_with_kv_cache, Remote):  # a local function: its own decode_step, unrecorded
-        return call(decode_with_kv_cache, x, *weights, what=what), []
-    sandbox = decode_with_kv_cache._sandbox
-    step = sandbox.keep(Remote._for(sandbox, {"name": "decode_step"}, "function"))
+    given are, bit for bit, those the previous call handed back. A student's
+    function is recorded through the sandbox; a local one (the references, the
+    checks' own tests) through its module's globals, for the call's duration."""
+    if isinstance(decode_with_kv_cache, Remote):
+        sandbox = decode_with_kv_cache._sandbox
+        step = sandbox.keep(Remote._for(sandbox, {"name": "decode_step"}, "function"))
+    else:
+        namespace = getattr(decode_with_kv_cache, "__globals__", {})
+        step = namespace.get("decode_step")
+        if not callable(step):
+            return call(decode_with_kv_cache, x, *weights, what=what), []
     calls, handed = [], []
 
     def decode_step(x_t, cache_k, cache_v, *args, **kwargs):
@@ -52,6 +58,13 @@ def counted_decode_steps(decode_with_kv_cache, x, *weights, what):
         calls.append((*given, output_t, threaded))
         return result
 
-    found = call(lambda: sandbox.call(decode_with_kv_cache._target, (x, *weights), {},
-                                      replace={"decode_step": decode_step}), what=what)
+    if isinstance(decode_with_kv_cache, Remote):
+        found = call(lambda: sandbox.call(decode_with_kv_cache._target, (x, *weights), {},
+                                          replace={"decode_step": decode_step}), what=what)
+        return found, calls
+    namespace["decode_step"] = decode_step
+    try:
+        found = call(decode_with_kv_cache, x, *weights, what=what)
+    finally:
+        namespace["decode_step"] = step
     return found, calls

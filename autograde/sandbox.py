@@ -1184,8 +1184,14 @@ def reported_during(fn, *args, what_reported, **kwargs):
     the student's process made while it ran, from any thread). The reports go
     to a pipe held outside the student's process (student_runtime.audit)."""
     remote = find_remote([fn, *args, *kwargs.values()])
-    if remote is None:
-        return fn(*args, **kwargs), []
+    if remote is None:  # a local call: only PyTorch's layers can be marked here
+        from student_runtime import layers
+
+        if what_reported != layers.REPORT:
+            return fn(*args, **kwargs), []
+        with layers.recorded_here() as seen:
+            result = fn(*args, **kwargs)
+        return result, sorted(set(seen))
     sandbox = remote._sandbox
     sandbox.drain()
     try:

@@ -55,3 +55,32 @@ def install():
         setattr(owner, attribute, _marked(original, path, audit))
         marked.append(path)
     return marked
+
+
+class recorded_here:
+    """For the duration of a `with`, every layer of LAYERS records its name in a
+    list, in this process: the same marks for a local call (the grader's own
+    tests of its checks), where no audit pipe is read. The originals are put back
+    afterwards."""
+
+    def __enter__(self):
+        self.seen, self._restore = [], []
+        for module_name, path in LAYERS:
+            try:
+                owner = importlib.import_module(module_name)
+            except ImportError:
+                continue
+            *parents, attribute = path.split(".")
+            for part in parents:
+                owner = getattr(owner, part, None)
+            original = getattr(owner, attribute, None)
+            if original is None:
+                continue
+            self._restore.append((owner, attribute, original))
+            setattr(owner, attribute, _marked(original, path, lambda event, what, name: self.seen.append(name)))
+        return self.seen
+
+    def __exit__(self, *exc):
+        for owner, attribute, original in reversed(self._restore):
+            setattr(owner, attribute, original)
+        return False
