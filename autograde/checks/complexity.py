@@ -358,8 +358,9 @@ def check_dilated_memory(dilated_local_attention):
     _dilated_numpy_only(dilated_local_attention, rng)
 
 
-CAUSAL_HINT = ("phi(x) = elu(x) + 1 elementwise; output_t = phi(q_t) @ S_t / (phi(q_t) · z_t), where S_t and z_t sum "
-               "phi(k_j) v_j^T and phi(k_j) over j <= t only (token t included); leading axes are batch axes, and "
+CAUSAL_HINT = ("phi(x) = elu(x) + 1 elementwise; output_t = phi(q_t) @ Gamma_t / (phi(q_t) · z_t), where Gamma_t and "
+               "z_t sum phi(k_j)^T v_j and phi(k_j)^T over j <= t only (token t included; vectors are rows); leading "
+               "axes are batch axes, and "
                "the last chunk may be shorter than the others.")
 
 

@@ -85,9 +85,9 @@ def elu_plus_one(x):
 
 
 def causal_linear_attention(q, k, v, chunk):
-    """o_t = phi(q_t)^T S_t / phi(q_t)^T z_t with S_t, z_t summed over j <= t,
+    """o_t = phi(q_t) Gamma_t / phi(q_t) z_t (rows) with Gamma_t, z_t summed over j <= t,
     computed chunk by chunk: a masked chunk x chunk block inside each chunk, the
-    running state (S, z) for everything before it. Leading axes are batch axes."""
+    running state (Gamma, z) for everything before it. Leading axes are batch axes."""
     fq, fk = elu_plus_one(np.asarray(q, dtype=np.float64)), elu_plus_one(np.asarray(k, dtype=np.float64))
     v = np.asarray(v, dtype=np.float64)
     n = q.shape[-2]
