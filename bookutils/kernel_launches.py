@@ -8,10 +8,11 @@ import torch
 
 from coursekit.compile_report import Launch, record_launches, specialise
 from bookutils import flash_tuned, staged_backward, triton_demo
+from bookutils.benchmark import BATCH, HEAD_DIM, HEADS, TEACHING_BLOCKS
 from bookutils.triton_kernels import flash_forward, standard_attention
 
-BENCHMARK_BLOCKS = (64, 64)          # bookutils.benchmark.triton_flash
-BENCHMARK_SHAPE = (4, 16, 1024, 64)  # batch, heads, n, d of the benchmark's forward table
+BENCHMARK_BLOCKS = TEACHING_BLOCKS                 # bookutils.benchmark.triton_flash
+BENCHMARK_SHAPE = (BATCH, HEADS, 1024, HEAD_DIM)  # batch, heads, n, d of the benchmark's forward table
 RAGGED_N = 1000                      # a length that is a multiple of no block of the tuned kernel
 
 
