@@ -16,8 +16,12 @@ the changes that Triton's fused-attention tutorial (06) makes for speed:
 It does not use the tensor memory accelerator (TMA), which the tutorial uses on
 Hopper. On a T4 (64 KiB of shared memory per program) the 128-row
 configurations need more than that for d = 128; Triton's autotuner times a
-configuration that cannot launch as infinitely slow, so the 64-row one runs there. Under Triton's interpreter (no GPU) autotuning has nothing to measure:
-the kernel is then declared with one configuration."""
+configuration that cannot launch as infinitely slow, so the 64-row one runs
+there. It is not a good binary either: Triton multiplies without tensor cores on
+a T4, and at d = 128 that binary spills several KiB of registers per thread to
+local memory (the compile report gives the bytes). Under Triton's interpreter
+(no GPU) autotuning has nothing to measure: the kernel is then declared with one
+configuration."""
 import math
 
 import torch

@@ -91,6 +91,9 @@ def test_tuned_configurations_fit_or_the_autotuner_skips_them(chapter4_reports):
     assert all(len(fits) == len(CONFIGS) and any(fits) for fits in per_launch.values()), per_launch
     too_big = {dict(r.spec.constexprs)["BLOCK_M"] for r in reports if _over(r["T4"])}
     assert too_big <= {128}, "only 128-row configurations may be too big for a T4 (bookutils/flash_tuned.py says so)"
+    runs_on_t4 = [r["T4"] for r in reports if dict(r.spec.constexprs)["HEAD"] == 128 and not _over(r["T4"])]
+    assert runs_on_t4 and all(t.spill_stores > 2048 for t in runs_on_t4), \
+        "bookutils/flash_tuned.py says the configuration a T4 runs at d = 128 spills several KiB"
 
 
 @needs_backend
