@@ -22,6 +22,12 @@ from bookutils.backward import backward_flops, forward_flops
 from bookutils.flash_tuned import flash_forward_tuned
 from bookutils.triton_kernels import DEVICE, flash_forward
 
+# The benchmark's shapes, one place for the code, the book and the compile report
+# (bookutils.kernel_launches): batch, heads and head width of the GPU tables, and
+# the teaching kernel's blocks B_r x B_c in them.
+BATCH, HEADS, HEAD_DIM = 4, 16, 64
+TEACHING_BLOCKS = (64, 64)
+
 NO_SOLUTIONS = ("the backward and decoding kernels are the solutions of Chapter 4's exercises: they are "
                 "measured only where the course's grading package is installed")
 
@@ -54,7 +60,7 @@ def sdpa_flash(q, k, v, causal=False):
 
 
 def triton_flash(q, k, v, causal=False):
-    return flash_forward(q, k, v, causal=causal, block_m=64, block_n=64)[0]
+    return flash_forward(q, k, v, causal=causal, block_m=TEACHING_BLOCKS[0], block_n=TEACHING_BLOCKS[1])[0]
 
 
 def triton_flash_tuned(q, k, v, causal=False):
@@ -93,7 +99,8 @@ def attention_tflops(batch, heads, n, d, causal, seconds):
     return flops / seconds / 1e12
 
 
-def gpu_rows(sizes=(512, 1024, 2048, 4096, 8192), batch=4, heads=16, d=64, dtype=torch.float16, causal=False):
+def gpu_rows(sizes=(512, 1024, 2048, 4096, 8192), batch=BATCH, heads=HEADS, d=HEAD_DIM, dtype=torch.float16,
+             causal=False):
     """One dict per (method, n): milliseconds, TFLOP/s and peak extra memory in MiB."""
     import triton.testing
 
@@ -126,14 +133,15 @@ def sdpa_flash_gqa(q, k_cache, v_cache):
         return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache)[:, :, 0]
 
 
-def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=4, heads=16, d=64, dtype=torch.float16,
+def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=BATCH, heads=HEADS, d=HEAD_DIM, dtype=torch.float16,
                   causal=False, device="cuda", timer=None):
     """Forward + backward: one dict per (method, n) with milliseconds and TFLOP/s,
     counting the backward's recomputation of QK^T (3.5 times the forward's FLOPs)."""
     timer = timer or _do_bench
     methods = {"SDPA, FLASH_ATTENTION backend": sdpa_flash}
     if kernels is not None:
-        teaching = lambda q, k, v, causal: flash_forward(q, k, v, causal=causal, block_m=64, block_n=64)  # noqa: E731
+        def teaching(q, k, v, causal):
+            return flash_forward(q, k, v, causal=causal, block_m=TEACHING_BLOCKS[0], block_n=TEACHING_BLOCKS[1])
         methods["teaching forward, instructor's backward"] = with_backward(teaching, kernels.flash_attention_backward)
         methods["tuned forward, instructor's backward"] = with_backward(flash_forward_tuned,
                                                                         kernels.flash_attention_backward)
@@ -257,7 +265,7 @@ def main(argv=None):
         return
     tables = {}
     kernels, why = solution_kernels()
-    shapes = "float16, batch 4, 16 heads, d = 64"
+    shapes = f"float16, batch {BATCH}, {HEADS} heads, d = {HEAD_DIM}"
     if DEVICE == "cuda":
         print(f"GPU: {torch.cuda.get_device_name()}; {shapes}, causal={args.causal}")
         tables["forward"] = gpu_rows(causal=args.causal)

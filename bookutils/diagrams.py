@@ -79,7 +79,7 @@ def roofline(points, roofs, bandwidth, ridge_label):
         attained = min(roofs[roof], bandwidth * intensity)
         ax.loglog(intensity, attained, marker, color=colour, ms=9)
         shown = f"{intensity:.3g}" if intensity < 100 else f"{intensity:,.0f}"
-        ax.annotate(f"{label}\n{shown} FLOPs/byte", (intensity, attained), textcoords="offset points",
+        ax.annotate(f"{label}\n{shown} FLOP/byte", (intensity, attained), textcoords="offset points",
                     xytext=offset, fontsize=8.5, color=colour)
     ax.set_xlabel("arithmetic intensity (FLOPs per byte moved to or from HBM)")
     ax.set_ylabel("attainable FLOP/s")
@@ -110,14 +110,15 @@ def tile_dataflow(blocks=4, i=1, j=2):
             _box(ax, 0.7 + b * width, y, width, 1.0, f"{name}{b}", fill=colour, alpha=0.75 if b == mine else 0.15,
                  size=9, edge="0.5")
     ax.text(3.2, 2.55, "no N × N matrix is ever stored here", ha="center", fontsize=9, color="0.3")
-    _box(ax, 9.0, 6.4, 2.6, 1.2, f"Q{i}\nB_r × d", fill=BLUE, alpha=0.6, size=9)
-    _box(ax, 9.0, 4.8, 2.6, 1.2, f"K{j}\nB_c × d", fill=ORANGE, alpha=0.6, size=9)
-    _box(ax, 9.0, 3.1, 2.6, 1.2, f"V{j}\nB_c × d", fill=ORANGE, alpha=0.6, size=9)
-    _box(ax, 12.6, 5.0, 5.2, 2.3, f"S{i}{j} = Q{i} K{j}ᵀ / √d\nP{i}{j} = exp(S{i}{j} − m)\nB_r × B_c: never leaves the chip",
+    _box(ax, 9.0, 6.4, 2.6, 1.2, f"$Q_{{{i}}}$\n$B_r \\times d$", fill=BLUE, alpha=0.6, size=9)
+    _box(ax, 9.0, 4.8, 2.6, 1.2, f"$K_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
+    _box(ax, 9.0, 3.1, 2.6, 1.2, f"$V_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
+    _box(ax, 12.6, 5.0, 5.2, 2.3, f"$S_{{{i}{j}}} = Q_{{{i}}} K_{{{j}}}^\\top / \\sqrt{{d}}$\n$P_{{{i}{j}}} = \\exp(S_{{{i}{j}}} - m)$\n"
+         "$B_r \\times B_c$: never leaves the chip",
          fill="#f3d9f0", edge=PURPLE, size=9)
-    _box(ax, 12.6, 2.4, 5.2, 1.9, "m, ℓ (B_r numbers each)\nacc (B_r × d)\nupdated for every key block",
+    _box(ax, 12.6, 2.4, 5.2, 1.9, "$m$, $l$ ($B_r$ numbers each)\nacc ($B_r \\times d$)\nupdated for every key block",
          fill="#e6f2e6", edge=GREEN, size=9)
-    _box(ax, 9.0, 0.8, 2.6, 1.4, f"O{i} = acc / ℓ\nafter the last block", fill="#e6f2e6", edge=GREEN, size=8.5)
+    _box(ax, 9.0, 0.8, 2.6, 1.4, f"$O_{{{i}}}$ = acc / $l$\nafter the last block", fill="#e6f2e6", edge=GREEN, size=8.5)
     _arrow(ax, (5.9, 7.1), (9.0, 7.0), BLUE, "once", size=9)
     _arrow(ax, (5.9, 5.4), (9.0, 5.4), ORANGE, "block j, each step", size=8.5)
     _arrow(ax, (5.9, 3.7), (9.0, 3.7), ORANGE, "block j, each step", size=8.5)
@@ -150,19 +151,19 @@ def warp_partitioning(warps=4):
             else:
                 _box(ax, 2.2 + w * 1.3, 6.4, 1.3, 1.2, f"warp {w}", fill=colour, alpha=0.45, size=8)
                 _box(ax, 2.2 + w * 1.3, 0.8, 1.3, 5.2, f"cols\nof\nwarp\n{w}", fill=colour, alpha=0.25, size=8)
-        ax.text(0.3 if split == "K" else 1.0, 0.45, "Q_i" + (": all warps" if split == "K" else ""),
+        ax.text(0.3 if split == "K" else 1.0, 0.45, "$Q_i$" + (": all warps" if split == "K" else ""),
                 ha="left" if split == "K" else "center",
                 fontsize=9.5)
-        ax.text(4.8, 8.0, "K_jᵀ (and V_j)" + (": all warps" if split == "Q" else ""), ha="center", fontsize=9.5)
+        ax.text(4.8, 8.0, "$K_j^\\top$ (and $V_j$)" + (": all warps" if split == "Q" else ""), ha="center", fontsize=9.5)
         if split == "Q":
-            ax.set_title("split-Q (FlashAttention-2): each warp owns\nsome query rows and sees all of K_j, V_j",
+            ax.set_title("split-Q (FlashAttention-2): each warp owns\nsome query rows and sees all of $K_j$, $V_j$",
                          fontsize=10)
             _box(ax, 7.8, 0.8, 2.0, 5.2, "each warp\nfinishes\nits own\noutput rows:\nno exchange", fill="#e6f2e6",
                  edge=GREEN, size=8.5)
         else:
-            ax.set_title("split-K (first FlashAttention): each warp owns\nsome keys; every warp needs all of Q_i",
+            ax.set_title("split-K (first FlashAttention): each warp owns\nsome keys; every warp needs all of $Q_i$",
                          fontsize=10)
-            _box(ax, 7.8, 0.8, 2.0, 5.2, "each warp\nholds a partial\nO (B_r × d):\nwritten to\nshared memory,\nsynchronised,\nadded",
+            _box(ax, 7.8, 0.8, 2.0, 5.2, "each warp\nholds a partial\n$O$ ($B_r \\times d$):\nwritten to\nshared memory,\nsynchronised,\nadded",
                  fill="#fbe3e3", edge=RED, size=8)
     fig.tight_layout()
     return fig
@@ -171,7 +172,7 @@ def warp_partitioning(warps=4):
 def split_k_grid(chunks, heads_drawn=3):
     """The programs of one decoding step: one per head reading the whole cache
     (the forward kernel's grid), against one per (head, chunk), each writing
-    its state (m, ℓ, o), followed by a merge of the states."""
+    its state (m, l, o), followed by a merge of the states."""
     fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.2), gridspec_kw={"width_ratios": [1, 1.45]})
     for ax, split in zip(axes, (False, True)):
         _blank(ax, 12.6 if split else 8.7, 8.0)
@@ -186,7 +187,7 @@ def split_k_grid(chunks, heads_drawn=3):
             for c in range(chunks):
                 x = 1.4 + c * width
                 _box(ax, x, y + 1.0, width - 0.1, 0.7, f"chunk {c}", fill=BLUE, alpha=0.35, size=8)
-                _box(ax, x + 0.15, y, width - 0.4, 0.55, "m, ℓ, o", fill="#e6f2e6", edge=GREEN, size=7.5)
+                _box(ax, x + 0.15, y, width - 0.4, 0.55, "$m$, $l$, $o$", fill="#e6f2e6", edge=GREEN, size=7.5)
                 _arrow(ax, (x + width / 2 - 0.05, y + 1.0), (x + width / 2 - 0.05, y + 0.55), "0.35", lw=1)
             _arrow(ax, (7.3, y + 0.28), (8.6, y + 0.28), GREEN, lw=1.3)
             _box(ax, 8.6, y - 0.05, 3.6, 0.65, "merge → o", fill="#e6f2e6", edge=GREEN, size=8.5)
@@ -201,9 +202,9 @@ def backward_ownership(blocks=4):
     """Which program keeps which gradient on the chip in the tiled backward
     pass: one pass over key blocks with atomic adds into dQ, or two passes."""
     fig, axes = plt.subplots(1, 3, figsize=(12, 4.4))
-    titles = ["one pass, one program per key block:\ndK_j, dV_j on the chip; dQ by atomic adds",
-              "two passes, pass 1: one program per key block\nkeeps dK_j, dV_j and writes them once",
-              "two passes, pass 2: one program per query block\nkeeps dQ_i and writes it once"]
+    titles = ["one pass, one program per key block:\n$dK_j$, $dV_j$ on the chip; $dQ$ by atomic adds",
+              "two passes, pass 1: one program per key block\nkeeps $dK_j$, $dV_j$ and writes them once",
+              "two passes, pass 2: one program per query block\nkeeps $dQ_i$ and writes it once"]
     for panel, (ax, title) in enumerate(zip(axes, titles)):
         _blank(ax, 8.2, 9.4)
         ax.text(4.1, 9.3, title, ha="center", va="top", fontsize=9.5)

@@ -16,8 +16,12 @@ the changes that Triton's fused-attention tutorial (06) makes for speed:
 It does not use the tensor memory accelerator (TMA), which the tutorial uses on
 Hopper. On a T4 (64 KiB of shared memory per program) the 128-row
 configurations need more than that for d = 128; Triton's autotuner times a
-configuration that cannot launch as infinitely slow, so the 64-row one runs there. Under Triton's interpreter (no GPU) autotuning has nothing to measure:
-the kernel is then declared with one configuration."""
+configuration that cannot launch as infinitely slow, so the 64-row one runs
+there. It is not a good binary either: Triton multiplies without tensor cores on
+a T4, and at d = 128 that binary spills several KiB of registers per thread to
+local memory (the compile report gives the bytes). Under Triton's interpreter
+(no GPU) autotuning has nothing to measure: the kernel is then declared with one
+configuration."""
 import math
 
 import torch
@@ -70,14 +74,16 @@ def _attend(acc, l, m, q, k_head, v_head, stride_kn, stride_vn, rows, dims, n, d
         else:
             k = tl.load(k_ptrs, mask=dims[None, :] < d, other=0.0)
             v = tl.load(v_ptrs, mask=dims[None, :] < d, other=0.0)
-        s = tl.dot(q, tl.trans(k))
+        # Scaled before the maximum and the mask: for a negative scale the largest
+        # raw score is the smallest scaled one, and -inf times it would be +inf.
+        s = tl.dot(q, tl.trans(k)) * qk_scale
         if MASK_KEYS or CAUSAL_MASK:
             keep = cols[None, :] < n
             if CAUSAL_MASK:
                 keep = keep & (cols[None, :] <= rows[:, None])
             s = tl.where(keep, s, -float("inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1) * qk_scale)
-        p = tl.math.exp2(s * qk_scale - m_new[:, None])
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        p = tl.math.exp2(s - m_new[:, None])
         alpha = tl.math.exp2(m - m_new)
         l = l * alpha + tl.sum(p, axis=1)
         acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])

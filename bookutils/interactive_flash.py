@@ -9,7 +9,7 @@ import numpy as np
 from bookutils.attention import softmax_row
 from bookutils.online import absorb_block
 from bookutils.stepper import Frame, Steps, Toggle, stepper, table
-from bookutils.svg import BLUE, GREEN, GREY, INK, MUTED, ORANGE, RED, Canvas, ink_on
+from bookutils.svg import BLUE, GREEN, GREY, INK, MUTED, ORANGE, ORANGE_TEXT, RED, Canvas, ink_on
 
 
 def _vec(values, digits=3):
@@ -71,9 +71,9 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
     if state["phase"] == "before" and state["m_new"] > m:
         end = left + min(n, (b + 1) * block) * bar
         c.line(left, y_score(state["m_new"]), end, y_score(state["m_new"]), stroke=ORANGE, width=2, dash="2,2")
-        c.text(end + 3, y_score(state["m_new"]), "m′", anchor="start", colour=ORANGE, weight="bold")
+        c.text(end + 3, y_score(state["m_new"]), "m′", anchor="start", colour=ORANGE_TEXT, weight="bold")
 
-    c.text(left, 170, "weights e^(x_j − m)/ℓ so far (bars); exact softmax (ticks)", anchor="start", weight="bold")
+    c.text(left, 170, "weights e^(x_j − m)/l so far (bars); exact softmax (ticks)", anchor="start", weight="bold")
     top_w = max(exact_w.max(), max(weights)) * 1.1
 
     def y_weight(w):
@@ -88,7 +88,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
     c.text(left + width / 2, 318, "key j", colour=MUTED, size=11)
 
     px = 500
-    c.text(px, 12, "output acc/ℓ (bars), exact (ticks)", anchor="start", weight="bold", size=11)
+    c.text(px, 12, "acc/l (bars), exact (ticks)", anchor="start", weight="bold", size=11)
     reach = max(np.abs(exact_o).max(), np.abs(output).max(), 1e-9) * 1.15
     mid, half = 95, 70
 
@@ -103,42 +103,43 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
             c.rect(x0 + 6, top, 30, bottom - top, fill=GREEN if equal else BLUE)
         c.line(x0, y_out(exact_o[t]), x0 + 42, y_out(exact_o[t]), stroke=INK, width=2)
         c.text(x0 + 21, 178, f"o{t}", size=11, colour=MUTED)
-    rows = [("m", _num(m)), ("ℓ", _num(l, 4)),
+    rows = [("m", _num(m)), ("l", _num(l, 4)),
             ("m′", "" if state["m_new"] is None else _num(state["m_new"])),
             ("α", "" if state["alpha"] is None else f"{state['alpha']:.4f}")]
     for k, (name, value) in enumerate(rows):
-        c.text(px, 205 + 20 * k, f"{name} = {value}" if value else f"{name}", anchor="start",
-               colour=INK if value else "#ffffff")
+        if value:
+            c.text(px, 205 + 20 * k, f"{name} = {value}", anchor="start")
     if complete:
         c.text(px, 300, "output = exact softmax" if equal else "output ≠ exact softmax", anchor="start",
                colour=GREEN if equal else RED, weight="bold")
 
     if state["phase"] == "start":
-        what = "Nothing read yet: m = −∞, ℓ = 0, acc = 0."
+        what = "Nothing read yet: m = −∞, l = 0, acc = 0."
     elif state["phase"] == "before":
         grew = state["m_new"] > m
         what = (f"Block {b} arrives (scores {b * block} to {min(n, (b + 1) * block) - 1}). "
-                + (f"Its largest score raises the maximum from {_num(m)} to m′ = {_num(state['m_new'])}, so ℓ and "
+                + (f"Its largest score raises the maximum from {_num(m)} to m′ = {_num(state['m_new'])}, so l and "
                    f"acc, measured from the old maximum, are about to be multiplied by α = e^(m − m′) = "
                    f"{state['alpha']:.4f}." if grew else
                    f"Its largest score does not raise the maximum {_num(m)}: α = 1, nothing is rescaled."))
     else:
-        what = (f"After block {b}: ℓ ← α·ℓ + Σ e^(x_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
+        what = (f"After block {b}: l ← α·l + Σ e^(x_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
                 f"{seen} of {n} scores read.")
-    text = (f"{what} Output so far acc/ℓ = {_vec(output)}; exact softmax(x)·V = {_vec(exact_o)}"
+    so_far = _vec(output) if l > 0 else "undefined (l = 0: nothing summed yet)"
+    text = (f"{what} Output so far acc/l = {so_far}; exact softmax(x)·V = {_vec(exact_o)}"
             + ((": equal, the pass is complete." if equal else ": NOT equal, the update is wrong.") if complete else "."))
     data = {"m": None if m == -np.inf else m, "l": l, "output": [float(o) for o in output],
             "exact": [float(o) for o in exact_o], "weights": weights, "exact-weights": [float(w) for w in exact_w],
             "seen": seen, "complete": int(complete), "equal": int(equal)}
-    values = [["m", _num(m, 4)], ["ℓ", _num(l, 4)],
+    values = [["m", _num(m, 4)], ["l", _num(l, 4)],
               ["α", "" if state["alpha"] is None else f"{state['alpha']:.4f}"],
-              ["output acc/ℓ", _vec(output)], ["exact softmax(x)·V", _vec(exact_o)]]
+              ["output acc/l", so_far], ["exact softmax(x)·V", _vec(exact_o)]]
     return Frame((step,), c.markup(f"Online softmax, step {step}, described below"), text, data,
                  table(["quantity", "value"], values))
 
 
 def online_softmax_figure(x, v, block, caption):
-    """Step through the blocks of one row x with values v: m, ℓ and the output
+    """Step through the blocks of one row x with values v: m, l and the output
     before and after each rescaling, ending at softmax_row(x) @ v."""
     x, v = np.asarray(x, dtype=float), np.asarray(v, dtype=float)
     exact_w = softmax_row(x)
@@ -229,7 +230,7 @@ def _tile_frame(events, upto, n, d, block_q, block_k, causal, step, model_total)
     c.text(px, 12, "on the chip now", anchor="start", weight="bold")
     if current is not None and current["computed"]:
         i, j = current["i"], current["j"]
-        on_chip = [f"Q{i} ({block_q}×{d}), m, ℓ, acc of program {i}", f"K{j}, V{j} (2 × {block_k}×{d})",
+        on_chip = [f"Q{i} ({block_q}×{d}), m, l, acc of program {i}", f"K{j}, V{j} (2 × {block_k}×{d})",
                    f"tile S({i},{j}) = Q{i}·K{j}ᵀ ({block_q}×{block_k}): never written out"]
     elif current is not None:
         on_chip = [f"nothing: program {current['i']} stopped before key block {current['j']}",
@@ -299,9 +300,14 @@ def tile_walk_figure(tiled_attention, n, d, block_q, block_k, caption, seed=0):
 
 # --- split-K decoding ---------------------------------------------------------
 
+def _chunks(first, last):
+    """'chunk 0' or 'chunks 0–2'."""
+    return f"chunk {first}" if first == last else f"chunks {first}–{last}"
+
+
 def split_k_figure(q, k, v, chunk, chunk_state, merge_two, caption):
     """One decoding query against a cache cut into chunks: the scores, every
-    chunk's state (m_c, ℓ_c, o_c) computed side by side with the page's
+    chunk's state (m_c, l_c, o_c) computed side by side with the page's
     chunk_state, then the states folded in with its merge_two, ending at the
     exact output."""
     s = k @ q / np.sqrt(q.shape[0])
@@ -312,7 +318,7 @@ def split_k_figure(q, k, v, chunk, chunk_state, merge_two, caption):
     for state in states[1:]:
         merged.append(merge_two(merged[-1], state))
     labels = (["the cache, cut into chunks", "every chunk's state, side by side"]
-              + [f"merge chunk {c} into chunks 0–{c - 1}" for c in range(1, len(states))])
+              + [f"merge chunk {c} into {_chunks(0, c - 1)}" for c in range(1, len(states))])
     frames = [_split_k_frame(s, v, chunk, states, merged, exact, step) for step in range(len(labels))]
     return stepper("split-k", "Split-K decoding", [Steps("step", labels)], frames, caption)
 
@@ -332,6 +338,7 @@ def _bars(c, values, x, mid, half, reach, fill, exact=None, width=14, gap=20):
 def _split_k_frame(s, v, chunk, states, merged, exact, step):
     n, chunks = len(s), len(states)
     palette = [BLUE, ORANGE, GREEN, "#7b3294", RED, "#4d4d4d"]
+    text_palette = [ORANGE_TEXT if colour == ORANGE else colour for colour in palette]   # 4.5:1 on white
     c = Canvas(680, 400)
     left, width = 50, 600
     bar = width / n
@@ -359,14 +366,15 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
         c.line(left + 2, 150, end - 2, 150, stroke=INK, width=2)
         c.line(left + 2, 145, left + 2, 150, stroke=INK, width=2)
         c.line(end - 2, 145, end - 2, 150, stroke=INK, width=2)
-        c.text((left + end) / 2, 162, f"merged: chunks 0–{merged_upto}", size=11, weight="bold")
+        c.text((left + end) / 2, 162, f"merged: {_chunks(0, merged_upto)}", size=11, weight="bold")
     for ci, (m, l, o) in enumerate(states):
         x = left + ci * chunk * bar + 6
-        c.text(x, 182, f"chunk {ci}", anchor="start", colour=palette[ci % len(palette)], weight="bold", size=11)
+        c.text(x, 182, f"chunk {ci}", anchor="start", colour=text_palette[ci % len(text_palette)], weight="bold",
+               size=11)
         if step == 0:
             c.text(x, 200, "state not computed", anchor="start", size=11, colour=MUTED)
             continue
-        c.text(x, 200, f"m = {m:.2f}, ℓ = {l:.2f}", anchor="start", size=11)
+        c.text(x, 200, f"m = {m:.2f}, l = {l:.2f}", anchor="start", size=11)
         c.text(x, 218, "o_c:", anchor="start", size=11)
         _bars(c, list(o), x + 34, 255, 38, reach, palette[ci % len(palette)])
     output = merged[merged_upto][2] if merged_upto >= 1 else None
@@ -380,7 +388,7 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
         cm, cl, _ = states[merged_upto]
         w1, w2 = prev_l * math.exp(prev_m - m), cl * math.exp(cm - m)
         c.text(left + 140, 340, f"m = max(m_a, m_b) = {m:.3f}", anchor="start", size=11)
-        c.text(left + 140, 358, f"w = ℓ·e^(m_c − m): {w1:.3f} for chunks 0–{merged_upto - 1}, {w2:.3f} for chunk "
+        c.text(left + 140, 358, f"w = l·e^(m_c − m): {w1:.3f} for {_chunks(0, merged_upto - 1)}, {w2:.3f} for chunk "
                f"{merged_upto}", anchor="start", size=11)
         c.text(left + 140, 376, f"o = (w_a·o_a + w_b·o_b)/(w_a + w_b) = {_vec(o)}", anchor="start", size=11)
     else:
@@ -393,10 +401,10 @@ def _split_k_frame(s, v, chunk, states, merged, exact, step):
         what = f"The cache holds {n} keys, cut into {chunks} chunks of {chunk}; one program per chunk."
     elif step == 1:
         what = ("Each chunk's program computes its state, all at the same time: "
-                + "; ".join(f"chunk {ci}: m = {m:.3f}, ℓ = {l:.4f}, o = {_vec(o)}"
+                + "; ".join(f"chunk {ci}: m = {m:.3f}, l = {l:.4f}, o = {_vec(o)}"
                             for ci, (m, l, o) in enumerate(states)) + ".")
     else:
-        what = (f"Chunk {merged_upto} merged into chunks 0–{merged_upto - 1}: the output of chunks 0–{merged_upto} "
+        what = (f"Chunk {merged_upto} merged into {_chunks(0, merged_upto - 1)}: the output of chunks 0–{merged_upto} "
                 f"is {_vec(output)}.")
     text = what + f" Exact output {_vec(exact)}" + (
         (": equal, every chunk is merged." if equal else ": NOT equal, a merge is wrong.") if step == chunks else ".")

@@ -5,7 +5,7 @@ import numpy as np
 
 from bookutils.attention import softmax_row
 from bookutils.stepper import Frame, Slider, Steps, Toggle, stepper
-from bookutils.svg import BLUE, GREY, MUTED, ORANGE, RED, Canvas, blues, ink_on
+from bookutils.svg import BLUE, GREY, MUTED, ORANGE, RED, Canvas, blues, diverging, ink_on
 
 
 def _vec(values, digits=3):
@@ -213,7 +213,7 @@ def kv_cache_figure(X, layers, caches, Y, caption):
         assert np.allclose(h, Y[t])
         cache_bytes = sum(K_l[:t + 1].nbytes + V_l[:t + 1].nbytes for K_l, V_l in zip(K, V))
         frames.append(_kv_frame(t, n, n_layers, d, step_scores, cache_bytes, K[0].itemsize))
-    labels = [f"token {t} generated" for t in range(n)]
+    labels = [f"token {t} enters" for t in range(n)]
     return stepper("kv-cache", "Key-value cache", [Steps("step", labels)], frames, caption)
 
 
@@ -234,8 +234,7 @@ def _kv_frame(t, n, n_layers, d, step_scores, cache_bytes, itemsize):
                 x = x0 + j * cell
                 if row == 0:
                     if j <= t:
-                        value = abs(scores[j]) / top
-                        fill = blues(value)
+                        fill = diverging(scores[j], top)       # the sign shows: red negative, blue positive
                         c.rect(x + 1, y + 24 * row, cell - 2, 20, fill=fill)
                         c.text(x + cell / 2, y + 10, f"{scores[j]:.1f}", size=10, colour=ink_on(fill))
                     continue
@@ -250,6 +249,7 @@ def _kv_frame(t, n, n_layers, d, step_scores, cache_bytes, itemsize):
     c.text(x0 + 18, y + 6, "appended this step", anchor="start", size=11)
     c.rect(x0 + 150, y, 12, 12, fill="#bcd7ec")
     c.text(x0 + 168, y + 6, "cached earlier, read again", anchor="start", size=11)
+    c.text(x0 + 340, y + 6, "scores: red < 0 < blue", anchor="start", size=11)
     c.text(x0, y + 32, f"cache size: {n_layers} layers × 2 × {t + 1} rows × {d} numbers × {itemsize} bytes = "
            f"{cache_bytes:,} bytes", anchor="start", weight="bold")
     c.text(x0, y + 52, f"scores computed this step: {t + 1} per layer; outputs of tokens 0–{t - 1} are not "

@@ -8,10 +8,12 @@ import torch
 
 from coursekit.compile_report import Launch, record_launches, specialise
 from bookutils import flash_tuned, staged_backward, triton_demo
+from bookutils.benchmark import BATCH, HEAD_DIM, HEADS, TEACHING_BLOCKS
 from bookutils.triton_kernels import flash_forward, standard_attention
 
-BENCHMARK_BLOCKS = (64, 64)          # bookutils.benchmark.triton_flash
-BENCHMARK_SHAPE = (4, 16, 1024, 64)  # batch, heads, n, d of the benchmark's forward table
+BENCHMARK_BLOCKS = TEACHING_BLOCKS                 # bookutils.benchmark.triton_flash
+BENCHMARK_SHAPE = (BATCH, HEADS, 1024, HEAD_DIM)  # batch, heads, n, d of the benchmark's forward table
+RAGGED_N = 1000                      # a length that is a multiple of no block of the tuned kernel
 
 
 def _empty(*shape, dtype=torch.float32):
@@ -41,22 +43,25 @@ def book_launches():
     return log.distinct()
 
 
-def tuned_launches(heads=(64, 128), causal=(True,), dtype=torch.float16, n=BENCHMARK_SHAPE[2]):
+def tuned_launches(heads=(64, 128), causal=(False, True), lengths=(BENCHMARK_SHAPE[2], RAGGED_N),
+                   dtype=torch.float16):
     """Every configuration the tuned kernel may be autotuned to, for head
-    dimensions `heads`, on a length that is a multiple of every block. Causal by
-    default: at such a length the non-causal kernel is the causal kernel's first
-    loop (unmasked key blocks) alone."""
+    dimensions `heads`, causal or not, on lengths that are a multiple of every
+    block (EVEN_N: no load is masked) and one that is not (the ragged last
+    blocks are masked, which costs registers)."""
     kernel = flash_tuned._tuned_forward_kernel
     launches = []
     for head in heads:
-        x = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n, head, dtype=dtype)
-        lse = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n)
-        args = (x, x, x, x, lse, n, head, BENCHMARK_SHAPE[1], 1.0) + tuple(x.stride()[:3]) * 4
-        for is_causal in causal:
-            for block_m, block_n, warps, stages in flash_tuned.CONFIGS:
-                spec = specialise(kernel, *args, HEAD=head, CAUSAL=is_causal, BLOCK_M=block_m, BLOCK_N=block_n,
-                                  EVEN_N=n % block_m == 0, EVEN_D=True, num_warps=warps, num_stages=stages)
-                launches.append(Launch(kernel, spec))
+        for n in lengths:
+            x = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n, head, dtype=dtype)
+            lse = _empty(BENCHMARK_SHAPE[0], BENCHMARK_SHAPE[1], n)
+            args = (x, x, x, x, lse, n, head, BENCHMARK_SHAPE[1], 1.0) + tuple(x.stride()[:3]) * 4
+            for is_causal in causal:
+                for block_m, block_n, warps, stages in flash_tuned.CONFIGS:
+                    spec = specialise(kernel, *args, HEAD=head, CAUSAL=is_causal, BLOCK_M=block_m,
+                                      BLOCK_N=block_n, EVEN_N=n % block_m == 0, EVEN_D=True, num_warps=warps,
+                                      num_stages=stages)
+                    launches.append(Launch(kernel, spec))
     return launches
 
 

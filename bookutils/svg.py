@@ -12,6 +12,8 @@ FONT = "system-ui, -apple-system, 'Segoe UI', sans-serif"
 INK = "#1a1a1a"
 MUTED = "#555555"
 BLUE, ORANGE, GREEN, RED, GREY = "#1f77b4", "#d95f02", "#1b7837", "#b2182b", "#bdbdbd"
+MIN_SCALE = 0.7              # the smallest a drawing is shown, as a share of its width in user units
+ORANGE_TEXT = "#a84300"      # ORANGE darkened for text on white: ORANGE itself is 3.8:1, under WCAG's 4.5:1
 
 
 def blues(value, top=1.0):
@@ -20,10 +22,30 @@ def blues(value, top=1.0):
     return matplotlib.colors.to_hex(matplotlib.colormaps["Blues"](0.08 + 0.84 * share))
 
 
+def diverging(value, reach=1.0):
+    """Hex colour of a signed `value` on matplotlib's RdBu map (red negative,
+    blue positive, white at zero), scaled to [-reach, reach]."""
+    share = 0.0 if reach <= 0 else min(max(value / reach, -1.0), 1.0)
+    return matplotlib.colors.to_hex(matplotlib.colormaps["RdBu"](0.5 + 0.42 * share))
+
+
+def luminance(colour):
+    """WCAG 2 relative luminance of a colour: its linearised sRGB channels weighted."""
+    channels = [c / 12.92 if c <= 0.04045 else ((c + 0.055) / 1.055) ** 2.4
+                for c in matplotlib.colors.to_rgb(colour)]
+    return 0.2126 * channels[0] + 0.7152 * channels[1] + 0.0722 * channels[2]
+
+
+def contrast(a, b):
+    """WCAG 2 contrast ratio of two colours, from 1 (the same) to 21 (black on white)."""
+    light, dark = sorted((luminance(a), luminance(b)), reverse=True)
+    return (light + 0.05) / (dark + 0.05)
+
+
 def ink_on(fill):
-    """Black or white, whichever reads better on the fill colour."""
-    r, g, b = matplotlib.colors.to_rgb(fill)
-    return "#ffffff" if 0.2126 * r + 0.7152 * g + 0.0722 * b < 0.45 else INK
+    """Black or white, whichever has the larger contrast with the fill colour:
+    one of them always reaches WCAG's 4.5:1 for text."""
+    return max(("#000000", "#ffffff"), key=lambda ink: contrast(ink, fill))
 
 
 def _n(value):
@@ -75,8 +97,11 @@ class Canvas:
 
     def markup(self, label):
         """The drawing as an inline <svg> that assistive technology reads as one
-        image named by `label`."""
-        return (f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.width} {self.height}" '
-                f'width="100%" style="max-width:{self.width}px" role="img" aria-label="{escape(label)}" '
-                f'font-family="{FONT}" font-size="12" text-anchor="middle" dominant-baseline="central" '
-                f'fill="{INK}">' + "".join(self.parts) + "</svg>")
+        image named by `label`. It shrinks with the page down to MIN_SCALE of its
+        size (12-unit text stays at least 8.4 px); narrower than that, it scrolls
+        sideways inside its frame instead of shrinking further."""
+        return (f'<div style="overflow-x:auto">'
+                f'<svg xmlns="http://www.w3.org/2000/svg" viewBox="0 0 {self.width} {self.height}" width="100%" '
+                f'style="max-width:{self.width}px;min-width:{round(MIN_SCALE * self.width)}px" role="img" '
+                f'aria-label="{escape(label)}" font-family="{FONT}" font-size="12" text-anchor="middle" '
+                f'dominant-baseline="central" fill="{INK}">' + "".join(self.parts) + "</svg></div>")

@@ -10,9 +10,13 @@ Sources of the numbers:
   Compute): registers are allocated per warp in units of 256, the warps a
   register budget allows are rounded down to a multiple of 4, shared memory is
   allocated in units of 256 bytes (compute capability 7.5) or 128 bytes (8.0 on).
-- NVIDIA, CUDA C++ Core Libraries (libcu++), cuda/__device/arch_traits.h: the
-  driver reserves 1 KiB of shared memory per block from compute capability 8.0 on
-  (the per-block opt-in limit is the multiprocessor's shared memory less that)."""
+- NVIDIA, CUDA C++ Programming Guide, "Shared Memory" of the compute
+  capabilities 8.x and 9.0 sections and the device attribute
+  cudaDevAttrReservedSharedMemoryPerBlock: the driver reserves 1 KiB of shared
+  memory per block from compute capability 8.0 on (the per-block opt-in limit is
+  the multiprocessor's shared memory less that).
+Occupancy assumes the largest shared-memory carve-out (shared_per_sm), which the
+driver picks for a kernel that needs it."""
 from dataclasses import dataclass
 
 KIB = 1024
@@ -60,7 +64,7 @@ class Occupancy:
     blocks_per_sm: int            # resident programs per multiprocessor
     warps_per_sm: int
     max_warps_per_sm: int
-    limited_by: str               # "warps", "blocks", "registers" or "shared memory"
+    limited_by: str               # "warps", "blocks", "registers", "shared memory", or ties joined by "and"
     by_limit: dict                # blocks each limit alone would allow
 
     @property
@@ -85,6 +89,6 @@ def occupancy(target, registers, shared_bytes, num_warps):
     elif shared_bytes > 0:
         per_block = _round_up(shared_bytes + spec.reserved_shared_per_block, spec.shared_unit)
         by_limit["shared memory"] = spec.shared_per_sm // per_block
-    limited_by = min(by_limit, key=by_limit.get)
-    blocks = by_limit[limited_by]
+    blocks = min(by_limit.values())
+    limited_by = " and ".join(name for name, allowed in by_limit.items() if allowed == blocks)   # every tie
     return Occupancy(blocks, blocks * num_warps, spec.max_warps_per_sm, limited_by, by_limit)

@@ -87,10 +87,13 @@ def test_tuned_configurations_fit_or_the_autotuner_skips_them(chapter4_reports):
     per_launch = {}
     for r in reports:
         c = dict(r.spec.constexprs)
-        per_launch.setdefault((c["HEAD"], c["CAUSAL"]), []).append(not _over(r["T4"]))
+        per_launch.setdefault((c["HEAD"], c["CAUSAL"], c["EVEN_N"]), []).append(not _over(r["T4"]))
     assert all(len(fits) == len(CONFIGS) and any(fits) for fits in per_launch.values()), per_launch
     too_big = {dict(r.spec.constexprs)["BLOCK_M"] for r in reports if _over(r["T4"])}
     assert too_big <= {128}, "only 128-row configurations may be too big for a T4 (bookutils/flash_tuned.py says so)"
+    runs_on_t4 = [r["T4"] for r in reports if dict(r.spec.constexprs)["HEAD"] == 128 and not _over(r["T4"])]
+    assert runs_on_t4 and all(t.spill_stores > 2048 for t in runs_on_t4), \
+        "bookutils/flash_tuned.py says the configuration a T4 runs at d = 128 spills several KiB"
 
 
 @needs_backend
@@ -103,6 +106,22 @@ def test_benchmark_forward_kernel_uses_warpgroup_mma_on_h100(chapter4_reports):
     for report in benchmark:
         assert report["H100"].mma.get("HGMMA", 0) > 0, report.render()
         assert report["A100"].mma.get("HMMA", 0) > 0 and "HGMMA" not in report["A100"].mma
+
+
+def test_tuned_launches_cover_causal_and_ragged_lengths():
+    """The screen compiles each configuration in every variant the kernel has:
+    causal or not, with and without masked (ragged) key blocks, for d = 64 and 128."""
+    from bookutils import kernel_launches as kl
+    from bookutils.flash_tuned import CONFIGS
+
+    variants = {}
+    for launch in kl.tuned_launches():
+        c = dict(launch.spec.constexprs)
+        variants.setdefault((c["HEAD"], c["CAUSAL"], c["EVEN_N"]), set()).add(
+            (c["BLOCK_M"], c["BLOCK_N"], launch.spec.num_warps, launch.spec.num_stages))
+    assert set(variants) == {(h, causal, even) for h in (64, 128) for causal in (False, True)
+                             for even in (False, True)}
+    assert all(configs == set(CONFIGS) for configs in variants.values())
 
 
 @needs_backend
@@ -247,14 +266,18 @@ def test_record_launches_works_inside_the_kernel_trace():
 
 
 @pytest.mark.parametrize("target, registers, shared, warps, expected_warps, limit", [
-    ("A100", 32, 0, 4, 64, "warps"),               # 16 programs of 4 warps fill the 64 warp slots
+    ("A100", 32, 0, 4, 64, "warps and registers"),  # 16 programs of 4 warps fill the 64 warp slots; 1024 a warp: 64 too
     ("H100", 255, 0, 4, 8, "registers"),           # 255 * 32 -> 8192 registers a warp: 8 warps of 65536
     ("H100", 128, 0, 4, 16, "registers"),          # 4096 a warp: 16 warps
     ("A100", 64, 48 * 1024, 4, 12, "shared memory"),   # (48 + 1) KiB a program: 3 fit in 164 KiB
     ("T4", 32, 48 * 1024, 4, 4, "shared memory"),  # no reserved KiB on a T4: 1 fits in 64 KiB
-    ("L4", 40, 0, 8, 48, "warps"),                 # an L4 holds 48 warps, not 64
+    ("L4", 40, 0, 8, 48, "warps and registers"),   # an L4 holds 48 warps, not 64; 1280 a warp: 51, so 48
+    ("L4", 32, 0, 8, 48, "warps"),                 # 1024 a warp: 64 would fit
     ("T4", 32, 0, 1, 16, "blocks"),                # one-warp programs: the 16-block limit binds
     ("A100", 32, 164 * 1024, 4, 0, "shared memory"),   # over the 163 KiB a program may have
+    # ties name every limit: 168 registers -> 5376 a warp, 12 warps = 3 programs of 4;
+    # (53 + 1) KiB a program -> 3 in 164 KiB
+    ("A100", 168, 53 * 1024, 4, 12, "registers and shared memory"),
 ])
 def test_occupancy_matches_nvidias_calculator(target, registers, shared, warps, expected_warps, limit):
     occ = occupancy(target, registers, shared, warps)

@@ -43,6 +43,45 @@ def test_tuned_kernel_takes_a_custom_scale_and_strided_inputs():
     np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=tol)
 
 
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("sm_scale", [-0.3, 0.0])
+def test_tuned_kernel_takes_a_negative_or_zero_scale(sm_scale, causal):
+    """softmax(scale * s) for scale <= 0: the row maximum is then taken of the
+    scaled scores (the largest raw score is the smallest scaled one), and masked
+    entries stay at -inf instead of turning into +inf."""
+    gen = torch.Generator().manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 45, 16, generator=gen).to(DEVICE) for _ in range(3))
+    out, lse = flash_forward_tuned(q, k, v, causal=causal, sm_scale=sm_scale)
+    ref_out, ref_lse = _reference(q, k, v, causal, sm_scale)
+    tol = 1e-5 if DEVICE == "cpu" else 2e-2
+    np.testing.assert_allclose(out.double().cpu().numpy(), ref_out, atol=tol, rtol=0)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=tol, rtol=0)
+
+
+@pytest.mark.parametrize("block_m, block_n, warps, stages", CONFIGS)
+@pytest.mark.parametrize("n, d, causal", [(256, 64, True), (256, 64, False), (200, 40, True), (200, 40, False)])
+def test_every_gpu_configuration_computes_attention(block_m, block_n, warps, stages, n, d, causal):
+    """The configurations autotuning picks from on a GPU, each run in the
+    interpreter (the kernel below the autotuner, its heuristics kept): lengths
+    that are and are not a multiple of the block, head widths that fill the
+    block's columns and that do not, causal or not."""
+    from bookutils.flash_tuned import LOG2_E
+
+    gen = torch.Generator().manual_seed(n + d)
+    q, k, v = (torch.randn(1, 2, n, d, generator=gen).half().to(DEVICE) for _ in range(3))
+    o = torch.empty_like(q)
+    lse = torch.empty(1, 2, n, device=DEVICE, dtype=torch.float32)
+    head = max(16, 1 << (d - 1).bit_length())
+    grid = (-(-n // block_m), 2)
+    _tuned_forward_kernel.fn[grid](q, k, v, o, lse, n, d, 2, LOG2_E / d ** 0.5,
+                                   *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+                                   HEAD=head, CAUSAL=causal, BLOCK_M=block_m, BLOCK_N=block_n,
+                                   num_warps=warps, num_stages=stages)
+    ref_out, ref_lse = _reference(q, k, v, causal)
+    np.testing.assert_allclose(o.double().cpu().numpy(), ref_out, atol=3e-3, rtol=0)
+    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=2e-3 if DEVICE == "cuda" else 1e-5, rtol=0)
+
+
 def test_tuned_kernel_refuses_heads_wider_than_128():
     x = torch.zeros(1, 1, 4, 129, device=DEVICE)
     with pytest.raises(ValueError, match="up to 128"):

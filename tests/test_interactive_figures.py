@@ -132,3 +132,100 @@ def test_kv_cache_figure_refuses_caches_that_do_not_match_the_layers():
     caches[1][0][2] = caches[1][0][2] + 1.0                          # a planted mistake: one cached key changed
     with pytest.raises(AssertionError):
         interactive_variants.kv_cache_figure(X, layers, caches, np.array(out), "c")
+
+
+# ---------------------------------------------------------------- legibility
+
+def _split_k_state(scores, values):          # independent of the decoding page's cell
+    m = float(scores.max())
+    e = np.exp(scores - m)
+    return m, float(e.sum()), e @ values / e.sum()
+
+
+def _split_k_merge(a, b):
+    m = max(a[0], b[0])
+    wa, wb = a[1] * np.exp(a[0] - m), b[1] * np.exp(b[0] - m)
+    return m, wa + wb, (wa * a[2] + wb * b[2]) / (wa + wb)
+
+
+def _all_figures():
+    """The markup of every Chapter 4 and variants figure that has no page dependency."""
+    rng = np.random.default_rng(4)
+    figures = {"online": interactive_flash.online_softmax_figure(rng.normal(size=10) * 2, rng.normal(size=(10, 3)),
+                                                                 4, "c").data,
+               "tiles": interactive_flash.tile_walk_figure(blockwise_attention, 24, 4, 8, 8, "c").data,
+               "split-k": interactive_flash.split_k_figure(rng.normal(size=4), rng.normal(size=(16, 4)),
+                                                           rng.normal(size=(16, 3)), 4, _split_k_state,
+                                                           _split_k_merge, "c").data}
+    n = 5
+    q, k, v = (rng.normal(size=(n, 3)) for _ in range(3))
+    figures["masks"] = interactive_variants.masks_figure(q, k, v, masked_attention_2d,
+                                                         {"causal": ("causal", causal_keep(n))}, "c").data
+    return figures
+
+
+def _texts(svg):
+    """(x, anchor, size, colour, words) of every <text> of an SVG, with the <svg> element's defaults."""
+    import html as h
+    for m in re.finditer(r"<text ([^>]*)>([^<]*)</text>", svg):
+        attrs = dict(re.findall(r'([\w-]+)="([^"]*)"', m.group(1)))
+        yield (float(attrs["x"]), attrs.get("text-anchor", "middle"), float(attrs.get("font-size", 12)),
+               attrs.get("fill", svg_module.INK), h.unescape(m.group(2)))
+
+
+import bookutils.svg as svg_module  # noqa: E402
+
+
+def test_contrast_follows_wcag():
+    """Reference values of WCAG 2: black on white 21:1, #777777 on white 4.48:1
+    (just under the 4.5:1 that normal text needs), and a colour with itself 1:1."""
+    assert math.isclose(svg_module.contrast("#000000", "#ffffff"), 21.0)
+    assert math.isclose(svg_module.contrast("#777777", "#ffffff"), 4.48, abs_tol=0.01)
+    assert svg_module.contrast("#d95f02", "#d95f02") == 1.0
+
+
+def test_ink_on_any_fill_reaches_wcag_text_contrast():
+    """Text on a coloured cell: the ink ink_on picks has at least 4.5:1 on every
+    fill the figures use, orange included (white on it is only 3.8:1)."""
+    fills = [svg_module.ORANGE, svg_module.BLUE, svg_module.GREEN, svg_module.RED, svg_module.GREY]
+    fills += [svg_module.blues(v) for v in np.linspace(0, 1, 41)]
+    fills += [svg_module.diverging(v) for v in np.linspace(-1, 1, 41)]
+    for fill in fills:
+        assert svg_module.contrast(svg_module.ink_on(fill), fill) >= 4.5, fill
+    assert svg_module.ink_on(svg_module.ORANGE) == "#000000"
+
+
+def test_figure_text_is_legible_on_white_and_inside_the_drawing():
+    """Every coloured text of the figures (not black or white ink on a cell) has
+    4.5:1 against the white page, and no text runs past the drawing's edge
+    (widths estimated at 0.55 em a character, generous for the sans-serif font)."""
+    for name, html in _all_figures().items():
+        for svg in re.findall(r"<svg .*?</svg>", html, flags=re.S):
+            width = float(re.search(r'viewBox="0 0 ([\d.]+)', svg).group(1))
+            for x, anchor, size, colour, words in _texts(svg):
+                if colour not in ("#000000", "#ffffff"):
+                    assert svg_module.contrast(colour, "#ffffff") >= 4.5, (name, words, colour)
+                extent = 0.55 * size * len(words)
+                left = {"start": x, "middle": x - extent / 2, "end": x - extent}[anchor]
+                assert left >= 0 and left + extent <= width, (name, words)
+
+
+def test_split_k_names_a_single_chunk_as_one():
+    html = interactive_flash.split_k_figure(np.ones(2), np.eye(12, 2), np.eye(12, 2), 4, _split_k_state,
+                                            _split_k_merge, "c").data
+    assert "chunks 0–0" not in html and "merge chunk 1 into chunk 0" in html
+
+
+def test_online_softmax_says_the_output_is_undefined_before_anything_is_summed():
+    html = interactive_flash.online_softmax_figure(np.array([0.0, 1.0]), np.eye(2), 1, "c").data
+    assert "acc/l = undefined" in html and "acc/l = [0.000" not in html
+
+
+def test_drawings_stop_shrinking_and_scroll_on_narrow_screens():
+    """On a narrow screen an SVG keeps at least MIN_SCALE of its width (its
+    12-unit text at least 8.4 px) and its frame scrolls sideways."""
+    html = interactive_flash.online_softmax_figure(np.array([0.0, 1.0]), np.eye(2), 1, "c").data
+    svgs = re.findall(r'<div style="overflow-x:auto"><svg [^>]*viewBox="0 0 (\d+) \d+"[^>]*min-width:(\d+)px', html)
+    assert svgs and len(svgs) == html.count("<svg ")
+    assert all(int(least) >= 0.7 * int(width) for width, least in svgs)
+    assert 12 * svg_module.MIN_SCALE >= 8
