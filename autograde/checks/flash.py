@@ -493,7 +493,8 @@ def _check_compiles(launcher, calls, what):
                 at = f" (in {where['function']}, line {where['line']} of its cell: {where['text']})" if where else ""
                 message = where["message"] if where else (target.error or "").strip().splitlines()[-1]
                 raise GradingFailure(
-                    f"{kernel['kernel']} runs in Triton's interpreter but does not compile for an {target.target} "
+                    f"{what}: its kernel {kernel['kernel']} runs in Triton's interpreter but does not compile for an "
+                    f"{target.target} "
                     f"({target.arch}){at}: {message}. Inside @triton.jit, use tl operations, other @triton.jit "
                     "functions and constexpr values only: NumPy, math on tensors or a plain Python function run in "
                     "the interpreter, which executes kernels with NumPy, but not on a GPU.")
@@ -575,7 +576,8 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
 
 
 def check_bwd_output(flash_attention_backward):
-    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads; non-contiguous
+    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads (as many key and
+    value heads as query heads: grouped heads are check_bwd_gqa's); non-contiguous
     inputs (the (B, N, H, D) layout of a projection, the head dimension not contiguous, windows
     of wider buffers); float16 too (the interpreter supports it), and bfloat16 on a GPU."""
     import torch
@@ -583,13 +585,13 @@ def check_bwd_output(flash_attention_backward):
     device, _ = _device_and_dtype(None)
     for i, shape in enumerate([(1, 1, 1, 64, 16), (1, 2, 2, 64, 32), (2, 1, 1, 64, 64), (1, 1, 1, 32, 128)]):
         _check_bwd(flash_attention_backward, shape, seed=700 + i)
-    for i, (shape, layout) in enumerate([((1, 2, 2, 64, 16), "heads_inner"), ((1, 2, 1, 32, 16), "d_major"),
+    for i, (shape, layout) in enumerate([((1, 2, 2, 64, 16), "heads_inner"), ((1, 2, 2, 32, 16), "d_major"),
                                          ((1, 2, 2, 40, 16), "sliced")]):
         _check_bwd(flash_attention_backward, shape, seed=740 + i, layout=layout, follow=i == 0)
     _check_bwd(flash_attention_backward, (1, 2, 2, 64, 32), seed=750, dtype=torch.float16)
     if device == "cuda":
         _check_bwd(flash_attention_backward, (2, 2, 2, 128, 64), seed=751, dtype=torch.bfloat16)
-        _check_bwd(flash_attention_backward, (2, 4, 2, 96, 64), seed=752, dtype=torch.bfloat16, layout="heads_inner")
+        _check_bwd(flash_attention_backward, (2, 4, 4, 96, 64), seed=752, dtype=torch.bfloat16, layout="heads_inner")
 
 
 def check_bwd_ragged_causal(flash_attention_backward):
