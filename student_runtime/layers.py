@@ -37,10 +37,8 @@ def _marked(original, name, audit):
     return layer
 
 
-def install():
-    """Mark every layer of LAYERS that this PyTorch has; returns their names."""
-    audit = sys.audit
-    marked = []
+def _layers():
+    """(owner, attribute, original, path) for every layer of LAYERS this PyTorch has."""
     for module_name, path in LAYERS:
         try:
             owner = importlib.import_module(module_name)
@@ -50,8 +48,15 @@ def install():
         for part in parents:
             owner = getattr(owner, part, None)
         original = getattr(owner, attribute, None)
-        if original is None:
-            continue
+        if original is not None:
+            yield owner, attribute, original, path
+
+
+def install():
+    """Mark every layer of LAYERS that this PyTorch has; returns their names."""
+    audit = sys.audit
+    marked = []
+    for owner, attribute, original, path in list(_layers()):
         setattr(owner, attribute, _marked(original, path, audit))
         marked.append(path)
     return marked
@@ -65,17 +70,7 @@ class recorded_here:
 
     def __enter__(self):
         self.seen, self._restore = [], []
-        for module_name, path in LAYERS:
-            try:
-                owner = importlib.import_module(module_name)
-            except ImportError:
-                continue
-            *parents, attribute = path.split(".")
-            for part in parents:
-                owner = getattr(owner, part, None)
-            original = getattr(owner, attribute, None)
-            if original is None:
-                continue
+        for owner, attribute, original, path in list(_layers()):
             self._restore.append((owner, attribute, original))
             setattr(owner, attribute, _marked(original, path, lambda event, what, name: self.seen.append(name)))
         return self.seen
