@@ -37,15 +37,18 @@ def install(fd, home, readable):
     written = {}
     allowed = tuple(os.path.join(os.path.abspath(p), "") for p in (home, *readable))
     write, dumps, abspath, fsdecode, getframe = os.write, json.dumps, os.path.abspath, os.fsdecode, sys._getframe
-    exists = os.path.lexists
+    exists, dirname = os.path.lexists, os.path.dirname
 
     def outside(path, args):
         """Outside the student's folders: /tmp is theirs, but a file there that
-        is read before anything wrote it is a path of another machine."""
+        is read before anything wrote it, or written in a folder nothing made,
+        is a path of another machine."""
         path = abspath(path)
         if path.startswith(allowed):
             return False
-        return not path.startswith("/tmp/") or (not _writes(args) and not exists(path))
+        if not path.startswith("/tmp/") or exists(path):
+            return not path.startswith("/tmp/")
+        return not _writes(args) or not exists(dirname(path))
 
     def student_cell():
         """The student's cell on the stack, if any: '<ipython-input-N-...>' names it."""

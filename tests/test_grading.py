@@ -170,7 +170,9 @@ def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
     # Planted mistakes that a check also reports for a person to look at.
     expected |= {(student, reason) for student, reasons in getattr(CLASSES[assignment], "FLAGGED", {}).items()
                  for reason in reasons}
-    assert flagged == expected
+    may = {(student, reason) for student, reasons in getattr(CLASSES[assignment], "MAY_BE_FLAGGED", {}).items()
+           for reason in reasons}
+    assert expected <= flagged <= expected | may, f"missing {expected - flagged}, unexpected {flagged - expected - may}"
     assert "integrity: " in graded(assignment)["stdout"]
 
 

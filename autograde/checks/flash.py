@@ -635,6 +635,9 @@ def check_bwd_compiles(flash_attention_backward):
     _check_compiles(flash_attention_backward, calls, "flash_attention_backward (its kernels compiled for GPUs)")
 
 
+PAGE_SLACK = 32 * 1024  # bytes of growth, in all, that the memory cell puts down to page granularity
+
+
 def bwd_overhead_allowance(d, element_size):
     """Extra bytes per token that the backward launcher may add as N grows, beyond the
     gradients: a copy of q, k, v, o and do, a float32 dq buffer, and D and lse in float32."""
@@ -707,7 +710,9 @@ def check_bwd_memory(flash_attention_backward):
                                  "MiB of an N x N matrix. Recompute P tile by tile inside the kernels.")
     per_token = (overheads[-1] - overheads[0]) / (sizes[-1] - sizes[0])
     allowed = bwd_overhead_allowance(d, element)
-    if per_token > allowed:
+    # The kernel counts whole pages and the allocator's arenas: a few pages more at the largest size
+    # are not growth with N (an N x N matrix adds 1 KiB per token at N = 256, D = 16).
+    if per_token > allowed + PAGE_SLACK / (sizes[-1] - sizes[0]):
         raise GradingFailure(
             f"flash_attention_backward's memory beyond the gradients grew by {per_token:.0f} bytes per token from "
             f"N={sizes[0]} to N={sizes[-1]} (D={d}); at most {allowed} is allowed (copies of the inputs, D and a "

@@ -649,3 +649,7 @@ BUGGY = {
 FLAGGED = {case: {"sandbox: uses PyTorch where the answer is graded as NumPy code"}
            for case in ("dilated_torch_mask", "dilated_with_torch", "causal_torch_chunks",
                         "training_counted_on_meta_tensors", "training_with_torch_on_small_sizes")}
+# Reasons a planted case may also be flagged with, depending on the machine: where memory
+# cgroups exist, the kernel sees the PyTorch memory that the notebook's NumPy probe does not.
+MAY_BE_FLAGGED = {case: {"sandbox: memory measurements disagree"}
+                  for case in ("dilated_torch_mask", "dilated_with_torch", "causal_torch_chunks")}

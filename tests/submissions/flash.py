@@ -453,8 +453,10 @@ BUGGY = {
     "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_bwd_output_hidden"}),
     "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_bwd_memory_hidden"}),
     "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
-    "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN),
-    "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN),
+    # Their copy kernel writes the host's gradients in order into outputs shaped like non-contiguous
+    # inputs (torch.empty_like keeps the strides), so the visible non-contiguous test fails too.
+    "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_HIDDEN | {"test_flash_attention_backward"}),
+    "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN | {"test_flash_attention_backward"}),
     "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN),
     # Only the memory cell sees the N x N buffers; the products are the notebook's own kernels'.
     "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, {"test_bwd_memory_hidden"}),
