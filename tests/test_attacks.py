@@ -46,7 +46,8 @@ EXPECTED = {
     "input_transformer": (SDPA | MHA | GAP | JVP | ATTENTION_CHECKS, {"uses the IPython shell (get_ipython)"}),
     "grading_marker": (set(), set()),
     "reads_hidden_tests": (SOFTMAX | SDPA | MHA | JVP, set()),  # the paths are in variables: no pattern to see
-    "writes_gradebook": (set(), {"sandbox: opens a file outside its folder"}),  # seen when it runs: the path is under /tmp
+    # Seen as it runs: its path is under /tmp, which the static scan leaves to the student.
+    "writes_gradebook": (set(), {"sandbox: opens a file outside its folder"}),
     "loops_in_function": (SDPA | MHA, {"execution: process-lost"}),
     "memory_bomb": (MHA, set()),
     "fork_bomb": (MHA, {"execution: process-lost"}),
