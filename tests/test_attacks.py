@@ -94,6 +94,19 @@ EXPECTED = {
 HONEST = ("honest_a", "honest_b", "honest_c")
 
 
+def graded_batch(assignment, submitted, out, options, timeout):
+    """Grade a folder of submissions with the real command: the grades.csv rows by
+    student, the integrity report's (student, reason) pairs and the command's output."""
+    proc = run([sys.executable, "-m", "autograde", "grade", assignment, str(submitted), "--out", str(out),
+                *options], timeout=timeout)
+    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
+    with (out / "grades.csv").open() as fh:
+        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
+    with (out / "integrity.csv").open() as fh:
+        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
+    return {"rows": rows, "flags": flags, "stdout": proc.stdout}
+
+
 @pytest.fixture(scope="module")
 def batch(tmp_path_factory):
     root = tmp_path_factory.mktemp("attacks")
@@ -102,14 +115,8 @@ def batch(tmp_path_factory):
         write_submission(submitted, name, ASSIGNMENT, NOTEBOOK, filled_submission(RELEASE, SOURCE))
     for name, build in ATTACKS.items():
         write_submission(submitted, name, ASSIGNMENT, NOTEBOOK, build(RELEASE, SOURCE, out.resolve()))
-    proc = run([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted), "--out", str(out),
-                "--timeout", "20", "--memory-limit", "2048"], timeout=1800)
-    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
-    with (out / "grades.csv").open() as fh:
-        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    with (out / "integrity.csv").open() as fh:
-        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
-    return {"rows": rows, "flags": flags, "out": out, "stdout": proc.stdout}
+    return {**graded_batch(ASSIGNMENT, submitted, out, ["--timeout", "20", "--memory-limit", "2048"], 1800),
+            "out": out}
 
 
 def scores(row):
@@ -195,14 +202,7 @@ def ch2_batch(tmp_path_factory):
     write_submission(submitted, "honest", CH2, CH2_NOTEBOOK, filled_submission(CH2_RELEASE, CH2_SOURCE))
     for name, build in CH2_ATTACKS.items():
         write_submission(submitted, name, CH2, CH2_NOTEBOOK, build(CH2_RELEASE, CH2_SOURCE, out.resolve()))
-    proc = run([sys.executable, "-m", "autograde", "grade", CH2, str(submitted), "--out", str(out),
-                "--timeout", "60"], timeout=1200)
-    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
-    with (out / "grades.csv").open() as fh:
-        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    with (out / "integrity.csv").open() as fh:
-        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
-    return {"rows": rows, "flags": flags}
+    return graded_batch(CH2, submitted, out, ["--timeout", "60"], 1200)
 
 
 def test_every_chapter_2_attack_has_an_expectation():
@@ -257,14 +257,7 @@ def flash_batch(tmp_path_factory):
     for name, overrides in FLASH_ATTACKS.items():
         write_submission(submitted, name, FLASH, "flash.ipynb",
                          filled_submission(FLASH_RELEASE, FLASH_SOURCE, overrides))
-    proc = run([sys.executable, "-m", "autograde", "grade", FLASH, str(submitted), "--out", str(out),
-                "--timeout", "60"], timeout=3600)
-    assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
-    with (out / "grades.csv").open() as fh:
-        rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    with (out / "integrity.csv").open() as fh:
-        flags = [(row["student_id"], row["reason"]) for row in csv.DictReader(fh)]
-    return {"rows": rows, "flags": flags}
+    return graded_batch(FLASH, submitted, out, ["--timeout", "60"], 3600)
 
 
 def flash_scores(row):
