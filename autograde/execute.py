@@ -187,33 +187,29 @@ class NotebookRun:
 
     def _recover(self, cell_id):
         """After the student's process was lost: a fresh one, with the cells so far."""
-        reason = self.sandbox.lost
-        self._event("process-lost", cell_id, reason)
-        if self.restarts >= MAX_RESTARTS:
-            self.dead = f"not run: the student's process was lost {self.restarts + 1} times"
-            return
-        self.restarts += 1
-        try:
-            self.sandbox.restart()
-            for source in self.ran:
-                self.sandbox.run_cell(source, timeout=self._cell_time())
-        except SandboxLost as exc:
-            self.dead = f"not run: the student's process could not be restored ({exc})"
+        failure = self._restore(self.sandbox, cell_id, "", "the student's process")
+        if failure:
+            self.dead = f"not run: {failure}"
 
     def _recover_torchless(self, cell_id):
         """The same for the process without PyTorch, whose losses count with the other's."""
-        reason = self.torchless.lost
-        self._event("process-lost", cell_id, f"(without PyTorch) {reason}")
+        failure = self._restore(self.torchless, cell_id, "(without PyTorch) ", "the process without PyTorch")
+        if failure:
+            self.torchless_dead = failure
+
+    def _restore(self, sandbox, cell_id, note, name):
+        """Restart a lost `sandbox` and run the cells so far in it again; None, or why it could not be."""
+        self._event("process-lost", cell_id, f"{note}{sandbox.lost}")
         if self.restarts >= MAX_RESTARTS:
-            self.torchless_dead = f"the process without PyTorch was lost {self.restarts + 1} times"
-            return
+            return f"{name} was lost {self.restarts + 1} times"
         self.restarts += 1
         try:
-            self.torchless.restart()
+            sandbox.restart()
             for source in self.ran:
-                self.torchless.run_cell(source, timeout=self._cell_time())
+                sandbox.run_cell(source, timeout=self._cell_time())
         except SandboxLost as exc:
-            self.torchless_dead = f"the process without PyTorch could not be restored ({exc})"
+            return f"{name} could not be restored ({exc})"
+        return None
 
     # ------------------------------------------------------------ cells
     def _run_student_cell(self, cell, label):
