@@ -17,7 +17,7 @@ from autograde.reference import principles as ref
 from autograde.reference import variants as ref_variants
 from tests.conftest import REPO
 from tests.notebooks import hidden_checks, nbgrader_meta, solution_code
-from tests.submissions import CLASSES
+from tests.submissions import CLASSES, points_per_cell
 
 
 def source(assignment):
@@ -313,3 +313,26 @@ def test_warnings_from_student_code_do_not_reach_stderr(capfd):
 
     checks.check_softmax_any_axis(noisy_softmax)
     assert capfd.readouterr().err == ""
+
+
+@pytest.mark.parametrize("assignment", sorted(CLASSES))
+def test_packed_notebooks_keep_each_change_to_cells_of_its_own(assignment):
+    """test_grading grades planted changes packed into shared notebooks (tests/packing.py):
+    sound only if each mistake loses only cells it reaches, and no two members of a
+    notebook reach the same cell or replace the same solution cell."""
+    from tests.packing import overrides_of, packed, reached_cells
+
+    tests = set(CHECKS[assignment]) | set(points_per_cell(assignment))
+    for name, (overrides, loses) in CLASSES[assignment].BUGGY.items():
+        reached = reached_cells(assignment, overrides)
+        assert loses <= (tests if reached is None else reached), f"{name} loses cells it cannot reach"
+    for kind in ("BUGGY", "CORRECT"):
+        for notebook, members in packed(assignment, kind):
+            seen_cells, seen_replaced = set(), set()
+            for member in members:
+                overrides = overrides_of(assignment, kind, member)
+                reached = reached_cells(assignment, overrides)
+                assert reached is not None or len(members) == 1, f"{notebook}: {member} may reach any cell"
+                assert not (reached or set()) & seen_cells and not set(overrides) & seen_replaced, notebook
+                seen_cells |= reached or set()
+                seen_replaced |= set(overrides)

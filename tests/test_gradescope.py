@@ -7,12 +7,13 @@ the local grading command, say why a bad submission scores 0, record no score
 when the grader fails, and keep integrity flags and the zip's files away from
 students.
 
-Each submission runs run_autograder once (15 to 35 seconds), so by default every
-assignment is graded with its solutions, its untouched notebook and the fewest
-planted mistakes that together lose every test cell any planted mistake loses
+Each submission runs run_autograder once (15 to 35 seconds, more for Chapter 4),
+so by default every assignment is graded with its solutions, its untouched
+notebook and the fewest of test_grading's packed notebooks of planted mistakes
+(tests/packing.py) that together lose every test cell any planted mistake loses
 (so each cell is seen failing on Gradescope as it fails locally);
-GRADESCOPE_FULL=1 grades every planted submission and correct alternative of
-every assignment, and the attack corpus, in full."""
+GRADESCOPE_FULL=1 grades every packed notebook of planted mistakes and correct
+alternatives of every assignment, and the attack corpus, in full."""
 import copy
 import json
 import os
@@ -30,9 +31,10 @@ import pytest
 from autograde.course import REPO
 from tests.attacks import ATTACKS
 from tests.notebooks import filled_submission
+from tests.packing import packed, packed_loses, packed_overrides
 from tests.submissions import CLASSES, notebook_paths, points_per_cell
 from tests.test_attacks import EXPECTED as ATTACK_OUTCOMES
-from tests.test_grading import graded  # noqa: F401  (a fixture: the graded classes, shared)
+from tests.test_grading import cell_timeout, graded  # noqa: F401  (graded: a fixture, the graded classes, shared)
 
 FULL = os.environ.get("GRADESCOPE_FULL") == "1"
 SCHEMA = json.loads((Path(__file__).parent / "gradescope_schema.json").read_text())
@@ -40,8 +42,8 @@ ASSIGNMENTS = sorted(CLASSES)
 
 
 def covering_sample(buggy):
-    """The planted mistakes, chosen greedily (ties by name), that between them lose
-    every test cell that any planted mistake loses."""
+    """The planted mistakes (name -> (overrides, cells lost)), chosen greedily (ties
+    by name), that between them lose every test cell that any of them loses."""
     left, chosen = set().union(*(lost for _, lost in buggy.values())), []
     while left:
         best = max(sorted(buggy), key=lambda name: len(buggy[name][1] & left))
@@ -107,7 +109,7 @@ def autograder(tmp_path_factory):
         if assignment not in made:
             folder = tmp_path_factory.mktemp(f"gradescope-{assignment}")
             proc = subprocess.run([sys.executable, "-m", "autograde", "gradescope", assignment,
-                                   "--out", str(folder / "build"), "--timeout", "15"],
+                                   "--out", str(folder / "build"), "--timeout", cell_timeout(assignment)],
                                   cwd=REPO, capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stderr
             made[assignment] = Autograder(folder / "build" / "autograder.zip", folder / "autograder")
@@ -163,12 +165,15 @@ def test_an_unknown_assignment_or_visibility_is_refused(tmp_path):
 # ---------------------------------------------------------------- the same grades as locally
 def _class(assignment):
     source, release = notebook_paths(assignment)
-    cases = CLASSES[assignment]
     students = {"solutions_as_is": source.read_text(), "untouched": release.read_text()}
+    buggy = {name: (packed_overrides(assignment, "BUGGY", members), packed_loses(assignment, members))
+             for name, members in packed(assignment, "BUGGY")}
     if FULL:
-        planted = {**cases.CORRECT, **{n: o for n, (o, _) in cases.BUGGY.items()}}
+        planted = {name: packed_overrides(assignment, "CORRECT", members)
+                   for name, members in packed(assignment, "CORRECT")}
+        planted.update({name: overrides for name, (overrides, _) in buggy.items()})
     else:
-        planted = {n: cases.BUGGY[n][0] for n in covering_sample(cases.BUGGY)}
+        planted = {name: buggy[name][0] for name in covering_sample(buggy)}
     for name, overrides in planted.items():
         students[name] = filled_submission(release, source, overrides)
     return students
@@ -202,9 +207,10 @@ def test_scores_equal_the_local_grading_command(autograder, local_grades, assign
         assert local == tests
     if student == "untouched":
         assert results["score"] == 0
-    if student in CLASSES[assignment].BUGGY:
+    buggy = dict(packed(assignment, "BUGGY"))
+    if student in buggy:
         lost = {gid for gid, score in cell_scores(results, assignment).items() if score < tests[gid]}
-        assert lost == CLASSES[assignment].BUGGY[student][1]
+        assert lost == packed_loses(assignment, buggy[student])
         failing = [t for t in results["tests"] if t["score"] < t["max_score"]]
         assert all(t["output"].startswith("Failed.") and len(t["output"]) > len("Failed.") for t in failing)
 

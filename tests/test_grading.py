@@ -1,7 +1,8 @@
 """The real nbgrader pipeline through the instructors' grading command, for
 every assignment: solutions get full marks, untouched exercises get 0, planted
 mistakes lose exactly the points they should, correct answers in other styles
-get full marks, and broken or hostile submissions cost only their own student."""
+get full marks, and broken or hostile submissions cost only their own student.
+Planted changes that reach different test cells share a notebook (tests/packing.py)."""
 import csv
 import sys
 from pathlib import Path
@@ -10,10 +11,17 @@ import pytest
 
 from tests.conftest import run
 from tests.notebooks import filled_submission, write_submission
+from tests.packing import notebook_of, packed, packed_loses, packed_overrides, reached_cells
 from tests.submissions import CLASSES, notebook_paths, points_per_cell
 
 ASSIGNMENTS = sorted(CLASSES)
 MANUAL_POINTS = 2  # each assignment ends with one written answer graded by hand
+
+
+def cell_timeout(assignment):
+    """Seconds per cell: short where a planted submission hangs (Chapter 1's), and room
+    elsewhere for Chapter 4's interpreted kernels on a machine busy with other tests."""
+    return "15" if assignment == "ch1_principles" else "60"
 
 # Submissions that attack the grading run itself; planted in Chapter 1's class
 # (the machinery is the same for every assignment).
@@ -39,7 +47,8 @@ def grade_class(assignment, root):
     plant("solutions_as_is", source.read_text())
     plant("untouched", release.read_text())
     plant("all_correct", filled_submission(release, source))
-    planted = {**cases.CORRECT, **{name: overrides for name, (overrides, _) in cases.BUGGY.items()}}
+    planted = {name: packed_overrides(assignment, kind, members)
+               for kind in ("CORRECT", "BUGGY") for name, members in packed(assignment, kind)}
     if assignment == "ch1_principles":
         plant("broken_json", release.read_text()[:500])
         plant("not_a_notebook", '{"answer": 42}')
@@ -50,7 +59,7 @@ def grade_class(assignment, root):
 
     out = root / "grading"
     proc = run([sys.executable, "-m", "autograde", "grade", assignment, str(submitted),
-                "--out", str(out), "--timeout", "15"])
+                "--out", str(out), "--timeout", cell_timeout(assignment)])
     assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
     with (out / "grades.csv").open() as fh:
         rows = {row["student_id"]: row for row in csv.DictReader(fh)}
@@ -88,7 +97,10 @@ def cases(kind):
 def test_every_submission_has_a_row(graded, assignment):
     result = graded(assignment)
     assert set(result["rows"]) == result["students"]
-    assert set(CLASSES[assignment].BUGGY) | set(CLASSES[assignment].CORRECT) <= result["students"]
+    packs = packed(assignment, "BUGGY") + packed(assignment, "CORRECT")
+    assert {name for name, _ in packs} <= result["students"]
+    members = [m for _, ms in packs for m in ms]
+    assert sorted(members) == sorted(set(CLASSES[assignment].BUGGY) | set(CLASSES[assignment].CORRECT))
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -114,21 +126,35 @@ def test_untouched_exercises_score_zero(graded, assignment):
 @pytest.mark.parametrize("assignment, student", cases("CORRECT"))
 def test_correct_answers_in_other_styles_score_full_marks(graded, assignment, student):
     tests = points_per_cell(assignment)
-    scores = cell_scores(assignment, graded(assignment)["rows"][student])
+    scores = cell_scores(assignment, graded(assignment)["rows"][notebook_of(assignment, student)])
     lost = {gid: s for gid, s in scores.items() if s != tests[gid]}
     assert not lost, f"{student} is correct but lost points in {lost}"
 
 
 @pytest.mark.parametrize("assignment, student", cases("BUGGY"))
 def test_planted_mistakes_lose_exactly_their_points(graded, assignment, student):
-    _, loses = CLASSES[assignment].BUGGY[student]
+    """Among the test cells it reaches (the others belong to its notebook's other changes)."""
+    overrides, loses = CLASSES[assignment].BUGGY[student]
     tests = points_per_cell(assignment)
     assert loses <= set(tests), f"unknown test cells {loses - set(tests)}"
-    scores = cell_scores(assignment, graded(assignment)["rows"][student])
-    failed = {gid for gid, s in scores.items() if s == 0}
+    reached = reached_cells(assignment, overrides)
+    reached = set(tests) if reached is None else reached
+    assert loses <= reached, f"{student} loses cells it cannot reach: {sorted(loses - reached)}"
+    scores = cell_scores(assignment, graded(assignment)["rows"][notebook_of(assignment, student)])
+    failed = {gid for gid, s in scores.items() if s == 0 and gid in reached}
     partial = {gid for gid, s in scores.items() if 0 < s < tests[gid]}
     assert not partial
     assert failed == loses, f"{student}: expected to lose {sorted(loses)}, lost {sorted(failed)}"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_packed_mistakes_lose_nothing_else(graded, assignment):
+    """A notebook of planted mistakes loses its members' cells and no other."""
+    tests = points_per_cell(assignment)
+    for name, members in packed(assignment, "BUGGY"):
+        scores = cell_scores(assignment, graded(assignment)["rows"][name])
+        failed = {gid for gid, s in scores.items() if s != tests[gid]}
+        assert failed == packed_loses(assignment, members), f"{name} ({', '.join(members)})"
 
 
 @pytest.mark.parametrize("student, reason", [
@@ -158,7 +184,7 @@ def test_hostile_submissions_cost_only_their_own_points(graded):
     # The cells before the exit score; the function that exits never is defined.
     assert exited["test_softmax"] == tests["test_softmax"] and exited["test_softmax_jvp"] == 0
     # The students graded after them are unaffected.
-    assert cell_scores("ch1_principles", rows["sdpa_einsum_additive_mask"]) == tests
+    assert cell_scores("ch1_principles", rows[notebook_of("ch1_principles", "sdpa_einsum_additive_mask")]) == tests
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
@@ -168,10 +194,10 @@ def test_integrity_report_flags_only_the_hostile_code(graded, assignment):
     expected = {("kernel_exits", "exits its process (os._exit)"), ("kernel_exits", "execution: process-lost"),
                 ("hangs_forever", "execution: process-lost")} if assignment == "ch1_principles" else set()
     # Planted mistakes that a check also reports for a person to look at.
-    expected |= {(student, reason) for student, reasons in getattr(CLASSES[assignment], "FLAGGED", {}).items()
-                 for reason in reasons}
-    may = {(student, reason) for student, reasons in getattr(CLASSES[assignment], "MAY_BE_FLAGGED", {}).items()
-           for reason in reasons}
+    expected |= {(notebook_of(assignment, student), reason)
+                 for student, reasons in getattr(CLASSES[assignment], "FLAGGED", {}).items() for reason in reasons}
+    may = {(notebook_of(assignment, student), reason)
+           for student, reasons in getattr(CLASSES[assignment], "MAY_BE_FLAGGED", {}).items() for reason in reasons}
     assert expected <= flagged <= expected | may, f"missing {expected - flagged}, unexpected {flagged - expected - may}"
     assert "integrity: " in graded(assignment)["stdout"]
 
@@ -185,6 +211,7 @@ def test_feedback_is_written_without_hidden_tests(graded, assignment, failing, f
     html_name = CLASSES[assignment].NOTEBOOK.replace(".ipynb", ".html")
     pages = sorted(feedback.glob(f"*/{assignment}/{html_name}"))
     students = {p.parts[-3] for p in pages}
+    failing = notebook_of(assignment, failing)
     assert {"all_correct", "untouched", failing} <= students
     for page in pages:
         html = page.read_text()
