@@ -3,7 +3,9 @@ kernel computes: the same output and natural-log log-sum-exp as the float64
 reference, in float16, for ragged lengths, causal or not, head dimensions from
 16 to 128, and inputs in any layout with unit last stride; its log-sum-exp
 feeds the instructor's backward kernels; it autotunes over one configuration
-under the interpreter. Kernels run in Triton's interpreter here, natively on a GPU."""
+under the interpreter. Its launcher refuses what the kernel cannot read: K and V
+that differ from Q, too many heads for the grid, offsets within a head past 32
+bits. Kernels run in Triton's interpreter here, natively on a GPU."""
 import numpy as np
 import pytest
 import torch
