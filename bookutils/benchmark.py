@@ -94,7 +94,7 @@ def with_backward(forward, backward):
 
 
 def attention_tflops(batch, heads, n, d, causal, seconds):
-    """4·B·H·N²·D floating-point operations (QK^T and PV), halved when causal."""
+    """4 · batch · heads · n² · d floating-point operations (QK^T and PV), halved when causal."""
     flops = 4 * batch * heads * n * n * d * (0.5 if causal else 1.0)
     return flops / seconds / 1e12
 

@@ -94,7 +94,8 @@ def roofline(points, roofs, bandwidth, ridge_label):
 
 def tile_dataflow(blocks=4, i=1, j=2):
     """Where the data of one program of the forward kernel lives: Q_i loaded
-    once, K_j and V_j streamed, S_ij and P_ij only on the chip, O_i written once."""
+    once, K_j and V_j streamed, S_ij and its exponentials P~_ij only on the chip,
+    O_i written once."""
     fig, ax = plt.subplots(figsize=(9.4, 4.5))
     _blank(ax, 18.4, 8.8)
     _box(ax, 0.2, 0.3, 6.0, 8.1, fill="0.95", edge="0.4")
@@ -113,7 +114,7 @@ def tile_dataflow(blocks=4, i=1, j=2):
     _box(ax, 9.0, 6.4, 2.6, 1.2, f"$Q_{{{i}}}$\n$B_r \\times d$", fill=BLUE, alpha=0.6, size=9)
     _box(ax, 9.0, 4.8, 2.6, 1.2, f"$K_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
     _box(ax, 9.0, 3.1, 2.6, 1.2, f"$V_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
-    _box(ax, 12.6, 5.0, 5.2, 2.3, f"$S_{{{i}{j}}} = Q_{{{i}}} K_{{{j}}}^\\top / \\sqrt{{d}}$\n$P_{{{i}{j}}} = \\exp(S_{{{i}{j}}} - m)$\n"
+    _box(ax, 12.6, 5.0, 5.2, 2.3, f"$S_{{{i}{j}}} = Q_{{{i}}} K_{{{j}}}^\\top / \\tau$\n$\\tilde{{P}}_{{{i}{j}}} = \\exp(S_{{{i}{j}}} - m')$\n"
          "$B_r \\times B_c$: never leaves the chip",
          fill="#f3d9f0", edge=PURPLE, size=9)
     _box(ax, 12.6, 2.4, 5.2, 1.9, "$m$, $l$ ($B_r$ numbers each)\nacc ($B_r \\times d$)\nupdated for every key block",

@@ -21,7 +21,14 @@ there. It is not a good binary either: Triton multiplies without tensor cores on
 a T4, and at d = 128 that binary spills several KiB of registers per thread to
 local memory (the compile report gives the bytes). Under Triton's interpreter
 (no GPU) autotuning has nothing to measure: the kernel is then declared with one
-configuration."""
+configuration.
+
+Unlike the teaching kernel, which computes every offset in 64 bits, it widens
+only the offset of a (batch, head) pair: the offsets within one head (a row
+times the sequence stride) stay 32-bit, which saves registers (in 64 bits the
+128 x 64 configuration spills on an A100 at d = 128). flash_forward_tuned therefore
+refuses inputs whose offsets within a head reach 2**31, as it refuses q, k and
+v that differ in shape, dtype or device (the checks of flash_forward)."""
 import math
 
 import torch
@@ -33,6 +40,7 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bookutils.triton_kernels import _check_inputs, _unit_last_stride  # noqa: E402
 from coursekit.triton_trace import interpreting  # noqa: E402
 
 LOG2_E = 1.4426950408889634          # log2(e): e^x = 2^(x log2 e)
@@ -45,6 +53,7 @@ LN_2 = tl.constexpr(0.6931471805599453)   # ln(2): turns a base-2 log-sum-exp ba
 CONFIGS = ((128, 64, 8, 3), (128, 32, 8, 3), (64, 32, 4, 3))
 INTERPRETER_CONFIG = (64, 32, 4, 1)
 MAX_HEAD = 128
+INT32_LIMIT = 2**31                  # offsets within a head are 32-bit: each must stay below this
 
 
 def _autotune_configs():
@@ -102,7 +111,7 @@ def _tuned_forward_kernel(Q, K, V, O, LSE, n, d, heads, qk_scale,
                           EVEN_N: tl.constexpr, EVEN_D: tl.constexpr):
     """One program = BLOCK_M queries of one (batch, head), as in the teaching kernel."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1).to(tl.int64)           # int64: offsets into large tensors pass 2**31
+    bh = tl.program_id(1).to(tl.int64)           # int64: a head's offset may pass 2**31; within it, 32-bit
     b, h = bh // heads, bh % heads
     rows = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
     dims = tl.arange(0, HEAD)
@@ -145,12 +154,17 @@ def _tuned_forward_kernel(Q, K, V, O, LSE, n, d, heads, qk_scale,
 
 def flash_forward_tuned(q, k, v, causal=False, sm_scale=None):
     """(O, logsumexp) for (batch, heads, n, d) tensors with d <= 128, by the tuned kernel."""
-    q, k, v = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v))
-    batch, heads, n, d = q.shape
+    batch, heads, n, d = _check_inputs("flash_forward_tuned", q, k, v)
     if d > MAX_HEAD:
         raise ValueError(f"flash_forward_tuned supports head dimensions up to {MAX_HEAD}, got {d}")
+    q, k, v = _unit_last_stride(q, k, v)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     o = torch.empty_like(q)
+    for name, t in (("q", q), ("k", k), ("v", v), ("o", o)):
+        largest = (n - 1) * t.stride(2) + d - 1      # the last element of a head, from the head's start
+        if largest >= INT32_LIMIT:
+            raise ValueError(f"flash_forward_tuned: offsets within a head of {name} reach {largest:,}, past the "
+                             f"32-bit offsets of the tuned kernel (below 2**31); flash_forward computes in 64 bits")
     lse = torch.empty(batch, heads, n, device=q.device, dtype=torch.float32)
 
     def grid(meta):

@@ -4,8 +4,9 @@ tiled matrix product. Each kernel comes with a launcher that allocates the
 output and chooses the grid. On a machine without a GPU they run under Triton's
 interpreter (TRITON_INTERPRET=1, set by coursekit.triton_env).
 
-The kernels keep Triton's 32-bit program ids and offsets, which address at most
-2**31 elements; the launchers refuse larger tensors rather than let an offset
+The kernels keep Triton's 32-bit program ids and offsets, which stay below
+2**31; the launchers refuse tensors whose offsets would reach that (a large
+tensor, or a strided view whose rows lie far apart) rather than let an offset
 wrap around (the kernels of triton_kernels.py convert to 64 bits instead)."""
 import torch
 
@@ -16,15 +17,24 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-INT32_ELEMENTS = 2**31      # 32-bit offsets address fewer elements than this
+INT32_ELEMENTS = 2**31      # 32-bit offsets stay below this
+
+
+def _reach(t):
+    """How many elements the kernels' offsets into t span: its element count (the
+    vector kernels count elements) or its last element's offset plus one (a strided
+    view's rows)."""
+    if t.numel() == 0:
+        return 0
+    return max(t.numel(), 1 + sum((size - 1) * stride for size, stride in zip(t.shape, t.stride())))
 
 
 def _fits_int32(*tensors):
     """Refuse tensors too large for the 32-bit offsets of these demonstration kernels."""
     for t in tensors:
-        if t.numel() >= INT32_ELEMENTS:
-            raise ValueError(f"a tensor of {t.numel():,} elements is too large for these kernels' 32-bit offsets "
-                             f"(at most {INT32_ELEMENTS - 1:,})")
+        if _reach(t) >= INT32_ELEMENTS:
+            raise ValueError(f"a tensor of shape {tuple(t.shape)} and strides {t.stride()} spans {_reach(t):,} "
+                             f"elements, too many for these kernels' 32-bit offsets (fewer than {INT32_ELEMENTS:,})")
 
 
 # ---------------------------------------------------------------- one program per block of a vector

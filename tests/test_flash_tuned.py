@@ -3,7 +3,9 @@ kernel computes: the same output and natural-log log-sum-exp as the float64
 reference, in float16, for ragged lengths, causal or not, head dimensions from
 16 to 128, and inputs in any layout with unit last stride; its log-sum-exp
 feeds the instructor's backward kernels; it autotunes over one configuration
-under the interpreter. Kernels run in Triton's interpreter here, natively on a GPU."""
+under the interpreter. Its launcher refuses what the kernel cannot read: K and V
+that differ from Q, too many heads for the grid, offsets within a head past 32
+bits. Kernels run in Triton's interpreter here, natively on a GPU."""
 import numpy as np
 import pytest
 import torch
@@ -85,6 +87,35 @@ def test_every_gpu_configuration_computes_attention(block_m, block_n, warps, sta
 def test_tuned_kernel_refuses_heads_wider_than_128():
     x = torch.zeros(1, 1, 4, 129, device=DEVICE)
     with pytest.raises(ValueError, match="up to 128"):
+        flash_forward_tuned(x, x, x)
+
+
+@pytest.mark.parametrize("k_shape, dtype, match", [((1, 1, 128, 32), torch.float32, "same"),
+                                                    ((1, 1, 32, 32), torch.float32, "same"),
+                                                    ((1, 1, 64, 32), torch.float16, "one dtype")])
+def test_tuned_launcher_refuses_keys_and_values_that_do_not_match_the_queries(k_shape, dtype, match):
+    """As flash_forward does: the kernel takes n and d from q alone, so a longer K/V
+    would be silently cut and a shorter one read past its end."""
+    q = torch.randn(1, 1, 64, 32).to(DEVICE)
+    kv = torch.randn(*k_shape).to(dtype).to(DEVICE)
+    with pytest.raises(ValueError, match=match):
+        flash_forward_tuned(q, kv, kv)
+
+
+def test_tuned_launcher_refuses_more_heads_than_grid_axis_1_holds():
+    x = torch.zeros(1, 1, 4, 16, device=DEVICE).expand(2, 32_768, 4, 16)    # 65,536 (batch, head) pairs
+    with pytest.raises(ValueError, match="65,535"):
+        flash_forward_tuned(x, x, x)
+
+
+@pytest.mark.parametrize("n, stride_n", [(524_289, 32 * 128), (2**24 + 1, 128)])
+def test_tuned_launcher_refuses_offsets_within_a_head_past_32_bits(n, stride_n):
+    """The tuned kernel's offsets within a head are 32-bit (row * stride_n): in a
+    (batch, n, heads, d) layout with 32 heads of 128 the last row's offset passes
+    2**31 from n = 524,289 on; in a contiguous one, from n = 2**24 + 1.
+    Tensors on the meta device: shapes and strides, no memory."""
+    x = torch.empty_strided((1, 32, n, 128), (n * stride_n, 128, stride_n, 1), dtype=torch.float16, device="meta")
+    with pytest.raises(ValueError, match="32-bit offsets"):
         flash_forward_tuned(x, x, x)
 
 

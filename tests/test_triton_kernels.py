@@ -108,3 +108,12 @@ def test_demo_kernels_refuse_tensors_their_32_bit_offsets_cannot_address():
     with pytest.raises(ValueError, match="32-bit offsets"):
         triton_demo._fits_int32(torch.empty(1).expand(2**31))
     triton_demo._fits_int32(torch.empty(1).expand(2**31 - 1))
+
+
+def test_softmax_launcher_refuses_a_view_whose_row_offsets_pass_32_bits():
+    """One column of a (2**20, 2**12) matrix: 2**20 elements, but its last row lies
+    (2**20 - 1) * 2**12 elements from the first. On the meta device: no memory."""
+    column = torch.empty(2**20, 2**12, device="meta")[:, :1]
+    with pytest.raises(ValueError, match="32-bit offsets"):
+        triton_demo.softmax_rows_triton(column)
+    triton_demo._fits_int32(torch.empty(2**19, 2**12, device="meta")[:, :1])    # last offset below 2**31
