@@ -26,7 +26,8 @@ configuration.
 Unlike the teaching kernel, which computes every offset in 64 bits, it widens
 only the offset of a (batch, head) pair: the offsets within one head (a row
 times the sequence stride) stay 32-bit, which saves registers (in 64 bits the
-128 x 64 configuration spills on an A100 at d = 128). flash_forward_tuned therefore
+128 x 64 configuration reaches the register ceiling and spills
+on an A100 at d = 128 for a ragged length). flash_forward_tuned therefore
 refuses inputs whose offsets within a head reach 2**31, as it refuses q, k and
 v that differ in shape, dtype or device (the checks of flash_forward)."""
 import math

@@ -69,7 +69,8 @@ def add_kernel(X, Y, OUT, n, BLOCK: tl.constexpr):
 def vector_add(x, y, block=64):
     """x + y for two 1-D tensors of equal length, by add_kernel."""
     assert x.shape == y.shape and x.dim() == 1
-    _fits_int32(x)
+    x, y = x.contiguous(), y.contiguous()      # the kernel indexes X + offsets: one element apart
+    _fits_int32(x, y)
     out = torch.empty_like(x)
     n = x.numel()
     add_kernel[(triton.cdiv(n, block),)](x, y, out, n, BLOCK=block)

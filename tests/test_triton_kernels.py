@@ -117,3 +117,14 @@ def test_softmax_launcher_refuses_a_view_whose_row_offsets_pass_32_bits():
     with pytest.raises(ValueError, match="32-bit offsets"):
         triton_demo.softmax_rows_triton(column)
     triton_demo._fits_int32(torch.empty(2**19, 2**12, device="meta")[:, :1])    # last offset below 2**31
+
+
+def test_vector_add_on_strided_views():
+    """add_kernel indexes its inputs as contiguous: the launcher must hand it contiguous ones."""
+    from bookutils.triton_demo import vector_add
+
+    x = torch.arange(40.0, device=DEVICE)[::2]          # every other element: stride 2
+    y = (torch.arange(60.0, device=DEVICE) * 10.0)[::3]   # stride 3
+    assert not x.is_contiguous() and not y.is_contiguous()
+    expected = x.cpu().numpy() + y.cpu().numpy()
+    np.testing.assert_allclose(vector_add(x, y).cpu().numpy(), expected)
