@@ -57,7 +57,7 @@ def memory_hierarchy(levels, off_chip):
     ax.set_yticks([])
     for side in ax.spines.values():
         side.set_visible(False)
-    ax.set_title("bar length: capacity, on a logarithmic scale (per SM for the first two levels)", fontsize=10)
+    ax.set_title("bar length: capacity, on a logarithmic scale", fontsize=10)  # the caller says per SM or total
     fig.tight_layout()
     return fig
 

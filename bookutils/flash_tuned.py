@@ -9,7 +9,7 @@ the changes that Triton's fused-attention tutorial (06) makes for speed:
 - causal attention in two loops: the key blocks entirely before a query block's
   first query (off the diagonal band) need no mask at all, and only the blocks
   on the band pay for one; for a ragged length only the last block is masked;
-- triton.autotune over configurations (block sizes, warps, pipeline stages)
+- triton.autotune over configurations (block sizes and warps; 3 pipeline stages in each)
   that the compile report (coursekit.compile_report) shows compiling without
   spills for an A100 and an H100 and using the H100's warpgroup MMA (HGMMA).
 

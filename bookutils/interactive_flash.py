@@ -55,7 +55,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
     def y_score(s):
         return 145 - (s - lo) / (hi - lo) * 115
 
-    c.text(left, 12, f"scores x_j of one row, read {block} at a time", anchor="start", weight="bold")
+    c.text(left, 12, f"scores s_j of one row, read {block} at a time", anchor="start", weight="bold")
     c.line(left, y_score(0), left + width, y_score(0), stroke=MUTED)
     for j in range(n):
         current = b >= 0 and b * block <= j < (b + 1) * block
@@ -73,7 +73,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
         c.line(left, y_score(state["m_new"]), end, y_score(state["m_new"]), stroke=ORANGE, width=2, dash="2,2")
         c.text(end + 3, y_score(state["m_new"]), "m′", anchor="start", colour=ORANGE_TEXT, weight="bold")
 
-    c.text(left, 170, "weights e^(x_j − m)/l so far (bars); exact softmax (ticks)", anchor="start", weight="bold")
+    c.text(left, 170, "weights e^(s_j − m)/l so far (bars); exact softmax (ticks)", anchor="start", weight="bold")
     top_w = max(exact_w.max(), max(weights)) * 1.1
 
     def y_weight(w):
@@ -123,7 +123,7 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
                    f"{state['alpha']:.4f}." if grew else
                    f"Its largest score does not raise the maximum {_num(m)}: α = 1, nothing is rescaled."))
     else:
-        what = (f"After block {b}: l ← α·l + Σ e^(x_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
+        what = (f"After block {b}: l ← α·l + Σ e^(s_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
                 f"{seen} of {n} scores read.")
     so_far = _vec(output) if l > 0 else "undefined (l = 0: nothing summed yet)"
     text = (f"{what} Output so far acc/l = {so_far}; exact softmax(x)·V = {_vec(exact_o)}"
