@@ -445,6 +445,9 @@ def _replay(recording, seed, positions):
 
 
 try:  # imported before any student code runs (the sandbox preloads this module)
+    from coursekit.fast_interpreter import install as _install_fast_interpreter
+
+    _install_fast_interpreter()   # rebinds interpreter functions: before they are noted
     _ORIGINAL = _fingerprint()
 except Exception:  # noqa: BLE001 (no Triton: nothing is replayed)
     _ORIGINAL = None

@@ -12,11 +12,15 @@ def triton_device(quiet=False):
     when there is no GPU, and says so once unless quiet."""
     import torch
 
+    from coursekit.fast_interpreter import install
+
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        install()
         return "cpu"                      # asked for explicitly, e.g. to debug on a GPU machine
     if torch.cuda.is_available():
         return "cuda"
     os.environ["TRITON_INTERPRET"] = "1"
+    install()
     if not quiet:
         print(_MESSAGE)
     return "cpu"

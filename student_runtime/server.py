@@ -360,7 +360,8 @@ PRELOAD_TORCH = ["torch", "torch.nn", "torch.nn.functional", "torch.utils._pytho
                  "torch.utils.flop_counter", "coursekit.torch_memory", "student_runtime.layers"]
 # Importing Triton does not touch the GPU, so this template can still fork
 # children that start CUDA themselves. coursekit.kernel_replay notes, as it is
-# imported, the libraries a replay of kernels runs through: before any student code.
+# imported, the libraries a replay of kernels runs through: before any student code
+# (and it makes the interpreter skip its wasted work first, coursekit.fast_interpreter).
 PRELOAD_TRITON = ["triton", "triton.language", "coursekit.triton_trace", "coursekit.kernel_replay"]
 
 

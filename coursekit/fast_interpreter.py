@@ -1,0 +1,63 @@
+"""Two pieces of work Triton's interpreter (TRITON_INTERPRET=1) does for nothing,
+left out; what kernels compute, and every error they raise, stays the same.
+
+- A call of one @triton.jit function from another (tl.zeros, tl.cdiv, a helper of
+  the kernel's own) patches triton.language again, walking every member of the
+  modules the callee can see, though the launch already patched them: here a
+  module is patched once per launch, the first time a function that sees it runs.
+- Integer arithmetic on 32 bits is redone on 64 bits to build an overflow
+  assertion that tl.device_assert then drops, because the interpreter's options
+  have debugging off (as a GPU build does unless TRITON_DEBUG=1): with debugging
+  off it is not built.
+
+The course's kernels call helpers in their loops, so both add up (the tests
+compare results and errors with the interpreter as shipped:
+tests/test_fast_interpreter.py). install() is idempotent;
+coursekit.kernel_replay calls it as it is imported, before it notes the
+interpreter's functions (a replay refuses to run through functions rebound after
+that), and coursekit.triton_env.triton_device calls it when kernels are to be
+interpreted."""
+import dataclasses
+
+
+def install():
+    from triton.runtime import interpreter
+
+    if getattr(interpreter.GridExecutor.__call__, "_course_fast", False):
+        return
+    import triton.language as tl
+
+    patched = set()   # ids of the triton.language modules patched during the current launch
+
+    def modules(fn):
+        return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
+
+    launch = interpreter.GridExecutor.__call__
+
+    def fast_launch(self, *args, **kwargs):
+        outer = set(patched)
+        patched.clear()
+        patched.update(modules(self.fn))      # the launch patches these itself
+        try:
+            return launch(self, *args, **kwargs)
+        finally:
+            patched.clear()
+            patched.update(outer)
+
+    def fast_call(self, *args, **kwargs):     # InterpretedFunction.__call__: a call from inside a kernel
+        seen = modules(self.fn)
+        if not seen <= patched:
+            interpreter._patch_lang(self.fn)
+            patched.update(seen)
+        fn = self.rewrite()
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            raise interpreter.InterpreterError(repr(e)) from e
+
+    fast_launch._course_fast = True
+    interpreter.GridExecutor.__call__ = fast_launch
+    interpreter.InterpretedFunction.__call__ = fast_call
+    options = interpreter.interpreter_builder.options
+    if not options.debug:
+        interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
