@@ -126,14 +126,14 @@ def _online_frame(x, v, block, state, exact_w, exact_o, step):
         what = (f"After block {b}: l ← α·l + Σ e^(s_j − m′) = {_num(l, 4)} and acc ← α·acc + e·V; "
                 f"{seen} of {n} scores read.")
     so_far = _vec(output) if l > 0 else "undefined (l = 0: nothing summed yet)"
-    text = (f"{what} Output so far acc/l = {so_far}; exact softmax(x)·V = {_vec(exact_o)}"
+    text = (f"{what} Output so far acc/l = {so_far}; exact softmax(s)·V = {_vec(exact_o)}"
             + ((": equal, the pass is complete." if equal else ": NOT equal, the update is wrong.") if complete else "."))
     data = {"m": None if m == -np.inf else m, "l": l, "output": [float(o) for o in output],
             "exact": [float(o) for o in exact_o], "weights": weights, "exact-weights": [float(w) for w in exact_w],
             "seen": seen, "complete": int(complete), "equal": int(equal)}
     values = [["m", _num(m, 4)], ["l", _num(l, 4)],
               ["α", "" if state["alpha"] is None else f"{state['alpha']:.4f}"],
-              ["output acc/l", so_far], ["exact softmax(x)·V", _vec(exact_o)]]
+              ["output acc/l", so_far], ["exact softmax(s)·V", _vec(exact_o)]]
     return Frame((step,), c.markup(f"Online softmax, step {step}, described below"), text, data,
                  table(["quantity", "value"], values))
 
