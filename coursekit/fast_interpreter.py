@@ -23,41 +23,35 @@ import dataclasses
 def install():
     from triton.runtime import interpreter
 
-    if getattr(interpreter.GridExecutor.__call__, "_course_fast", False):
+    if getattr(interpreter._patch_lang, "_course_fast", False):
         return
     import triton.language as tl
 
-    patched = set()   # ids of the triton.language modules patched during the current launch
+    patch_lang, launch = interpreter._patch_lang, interpreter.GridExecutor.__call__
+    launch_state = {"patched": None}   # during a launch: ids of the triton.language modules patched in it
 
     def modules(fn):
         return {id(value) for value in fn.__globals__.values() if value is tl or value is tl.core}
 
-    launch = interpreter.GridExecutor.__call__
+    def fast_patch_lang(fn):           # called by a launch, and again by every call inside it
+        patched, seen = launch_state["patched"], modules(fn)
+        if patched is not None and seen <= patched:
+            return interpreter._LangPatchScope()   # nothing left to patch, nothing to restore
+        scope = patch_lang(fn)
+        if patched is not None:
+            patched |= seen
+        return scope
 
     def fast_launch(self, *args, **kwargs):
-        outer = set(patched)
-        patched.clear()
-        patched.update(modules(self.fn))      # the launch patches these itself
+        launch_state["patched"] = set()
         try:
             return launch(self, *args, **kwargs)
-        finally:
-            patched.clear()
-            patched.update(outer)
+        finally:                       # the launch has restored what it patched
+            launch_state["patched"] = None
 
-    def fast_call(self, *args, **kwargs):     # InterpretedFunction.__call__: a call from inside a kernel
-        seen = modules(self.fn)
-        if not seen <= patched:
-            interpreter._patch_lang(self.fn)
-            patched.update(seen)
-        fn = self.rewrite()
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            raise interpreter.InterpreterError(repr(e)) from e
-
-    fast_launch._course_fast = True
+    fast_patch_lang._course_fast = True
+    interpreter._patch_lang = fast_patch_lang
     interpreter.GridExecutor.__call__ = fast_launch
-    interpreter.InterpretedFunction.__call__ = fast_call
     options = interpreter.interpreter_builder.options
     if not options.debug:
         interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)

@@ -14,13 +14,12 @@ def triton_device(quiet=False):
 
     from coursekit.fast_interpreter import install
 
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        install()
-        return "cpu"                      # asked for explicitly, e.g. to debug on a GPU machine
-    if torch.cuda.is_available():
-        return "cuda"
-    os.environ["TRITON_INTERPRET"] = "1"
+    # TRITON_INTERPRET already set: asked for explicitly, e.g. to debug on a GPU machine.
+    if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if torch.cuda.is_available():
+            return "cuda"
+        os.environ["TRITON_INTERPRET"] = "1"
+        if not quiet:
+            print(_MESSAGE)
     install()
-    if not quiet:
-        print(_MESSAGE)
     return "cpu"

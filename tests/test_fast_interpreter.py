@@ -20,10 +20,6 @@ KERNELS = textwrap.dedent('''
     import triton.language as tl
     from triton.runtime import interpreter
 
-    if sys.argv[1] == "fast":
-        from coursekit.fast_interpreter import install
-        install()
-
     @triton.jit
     def scaled(x, s):                                   # a helper of the kernel's own
         return x * s
@@ -56,6 +52,10 @@ KERNELS = textwrap.dedent('''
         calls["sanitize"] += 1
         return assertion(self, *args)
     semantic.TritonSemantic.device_assert = counted_assert
+
+    if sys.argv[1] == "fast":           # after the counters: it calls the counted _patch_lang
+        from coursekit.fast_interpreter import install
+        install()
 
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32))
     out = torch.empty(5, 16)
