@@ -14,7 +14,8 @@ def triton_device(quiet=False):
 
     from coursekit.fast_interpreter import install
 
-    # TRITON_INTERPRET already set: asked for explicitly, e.g. to debug on a GPU machine.
+    # Unless TRITON_INTERPRET asks for the interpreter (e.g. to debug on a GPU machine):
+    # the GPU if there is one, else the interpreter.
     if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
         if torch.cuda.is_available():
             return "cuda"
