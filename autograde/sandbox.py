@@ -467,10 +467,20 @@ def _close_zygote():
     _ZYGOTES.clear()
 
 
+# Settings by which the machine's numerical libraries choose their kernels (the
+# processor's core type and cache sizes for OpenBLAS, the instruction sets of MKL,
+# oneDNN and PyTorch's own kernels, NumPy's CPU features): a student's process
+# computes as the machine's own Python does, so a grade does not depend on
+# whether the code ran inside the sandbox. Thread counts are the grader's (below).
+NUMERICAL_SETTINGS = ("OPENBLAS_", "GOTO_", "MKL_", "ONEDNN_", "DNNL_", "NPY_", "ATEN_CPU_CAPABILITY")
+THREADS = {"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+
+
 def _environment(home):
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": home, "TMPDIR": home,
-           "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": home, "PYTHONDONTWRITEBYTECODE": "1",
-           "OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+           "LANG": "C.UTF-8", "MPLBACKEND": "Agg", "MPLCONFIGDIR": home, "PYTHONDONTWRITEBYTECODE": "1"}
+    env.update({name: value for name, value in os.environ.items() if name.startswith(NUMERICAL_SETTINGS)})
+    env.update(THREADS)
     from coursekit.triton_env import triton_device
 
     # Decided before the student's process starts, because Triton reads it once

@@ -10,8 +10,13 @@ staged_backward refuses an n x n matrix of 2**31 elements or more."""
 import math
 
 import torch
-import triton
-import triton.language as tl
+
+from coursekit.triton_env import triton_device
+
+triton_device(quiet=True)   # must come before Triton is imported
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 BLOCK = 32          # rows, columns and inner dimension of every product tile
 

@@ -445,9 +445,9 @@ def _replay(recording, seed, positions):
 
 
 try:  # imported before any student code runs (the sandbox preloads this module)
-    from coursekit.fast_interpreter import install as _install_fast_interpreter
+    from coursekit.triton_env import triton_device
 
-    _install_fast_interpreter()   # rebinds interpreter functions: before they are noted
+    triton_device(quiet=True)     # before Triton is imported; installs the faster interpreter when it is used
     _ORIGINAL = _fingerprint()
-except Exception:  # noqa: BLE001 (no Triton: nothing is replayed)
+except ImportError:  # no Triton: nothing is replayed
     _ORIGINAL = None

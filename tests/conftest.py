@@ -16,6 +16,10 @@ sys.path.insert(0, str(REPO))  # autograde, and tests.* helpers
 # non-interactive backend would drop every figure from the built pages.
 os.environ.pop("MPLBACKEND", None)
 
+# The environment as the user's shell gave it, for the commands the tests start:
+# they must decide for themselves where Triton runs, as they do for an instructor.
+_OUTER_TRITON_INTERPRET = os.environ.get("TRITON_INTERPRET")
+
 # Without a GPU, Triton kernels defined in this process run in Triton's interpreter.
 # (Set before anything defines a kernel; notebooks' kernels decide for themselves.)
 from coursekit.triton_env import triton_device  # noqa: E402
@@ -23,10 +27,21 @@ from coursekit.triton_env import triton_device  # noqa: E402
 triton_device(quiet=True)
 
 
+def outer_environ(**extra):
+    """os.environ without what this process set for itself (TRITON_INTERPRET), plus extra."""
+    env = dict(os.environ)
+    if _OUTER_TRITON_INTERPRET is None:
+        env.pop("TRITON_INTERPRET", None)
+    else:
+        env["TRITON_INTERPRET"] = _OUTER_TRITON_INTERPRET
+    env.update(extra)
+    return env
+
+
 def run(cmd, cwd=REPO, timeout=1800, env=None):
-    """Run a command, returning the CompletedProcess; output is kept for messages."""
+    """Run a command as from the user's shell, returning the CompletedProcess; output is kept for messages."""
     return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+                          env=outer_environ(**(env or {})))
 
 
 @pytest.fixture(scope="session")

@@ -30,6 +30,7 @@ import pytest
 
 from autograde.course import REPO
 from tests.attacks import ATTACKS
+from tests.conftest import outer_environ
 from tests.notebooks import filled_submission
 from tests.packing import packed, packed_loses, packed_overrides
 from tests.submissions import CLASSES, notebook_paths, points_per_cell
@@ -79,7 +80,7 @@ class Autograder:
         shutil.copy2(root / "source" / "run_autograder", root / "run_autograder")  # as Gradescope does
 
     def env(self, **extra):
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+        env = {k: v for k, v in outer_environ().items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
         return {**env, "AUTOGRADER_ROOT": str(self.root), **extra}
 
     def grade(self, files):

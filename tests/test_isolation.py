@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from autograde.sandbox import Limits, Sandbox, namespaces_available, student_function
-from tests.conftest import REPO
+from tests.conftest import REPO, outer_environ
 
 pytestmark = pytest.mark.skipif(namespaces_available() is not None, reason=f"{namespaces_available()}")
 
@@ -282,7 +282,7 @@ def test_grading_without_the_environments_bin_on_path(tmp_path):
     """Started with the course's interpreter but a PATH that lacks its bin/:
     nbgrader's tools are found beside the interpreter."""
     submitted = _honest_class(tmp_path / "submitted", ["alice"])
-    env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV",)}
+    env = {k: v for k, v in outer_environ().items() if k not in ("VIRTUAL_ENV",)}
     env["PATH"] = "/usr/bin:/bin"
     proc = subprocess.run([sys.executable, "-m", "autograde", "grade", "ch1_principles", str(submitted),
                            "--out", str(tmp_path / "out")], env=env, capture_output=True, text=True,

@@ -124,7 +124,7 @@ def test_the_gradebook_is_backed_up_before_each_run(regraded):
 
 
 def _kill_after_first_student(submitted, out):
-    proc = subprocess.Popen([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted),
+    proc = subprocess.Popen([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted), 
                              "--out", str(out), "--timeout", "20", "--workers", "1"], cwd=REPO,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 600

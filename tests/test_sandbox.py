@@ -336,3 +336,40 @@ with Sandbox(Limits(call_timeout_s=60)) as sb:
     answer, after = proc.stdout.strip().splitlines()[-2:]
     assert "CallbackBound" in answer and "MiB" in answer
     assert after == "1000000.0"
+
+
+SUMS = """
+import numpy as np, torch
+rng = np.random.default_rng(0)
+a, b = rng.normal(size=(64, 300)).astype(np.float32), rng.normal(size=(300, 70)).astype(np.float32)
+ta, tb = torch.from_numpy(a), torch.from_numpy(b)
+print(float((a @ b).sum()).hex(), float((ta @ tb).sum()).hex(), float(torch.softmax(ta[0], 0).sum()).hex())
+"""
+
+
+@pytest.mark.parametrize("setting", ["avx2", "baseline"])
+def test_student_code_computes_as_the_machines_own_python_does(setting):
+    """The settings by which OpenBLAS, MKL, oneDNN and PyTorch pick their kernels
+    (another machine's, here) reach the student's process: the same sums, to the
+    last bit, inside the sandbox as in the grader's own Python on one thread (the
+    sandbox's thread count; another splits the sums otherwise)."""
+    import subprocess
+    import sys
+
+    from autograde.sandbox import THREADS
+    from tests.conftest import outer_environ
+    from tests.machine_settings import SETTINGS
+
+    script = f"""
+from autograde.sandbox import Limits, Sandbox
+with Sandbox(Limits(call_timeout_s=60)) as sb:
+    reply = sb.run_cell({SUMS!r})
+    assert not reply.get("error"), reply["error"]
+    print("inside", reply["stdout"].strip())
+exec({SUMS!r}.replace("print(", "print('outside', "))
+"""
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                          env=outer_environ(**SETTINGS[setting], **THREADS))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = dict(line.split(" ", 1) for line in proc.stdout.strip().splitlines() if line.startswith(("in", "out")))
+    assert lines["inside"] == lines["outside"], lines
