@@ -14,7 +14,7 @@ import time
 import pytest
 from nbgrader.api import Gradebook
 
-from tests.conftest import REPO, run
+from tests.conftest import REPO, outer_environ, run
 from tests.notebooks import filled_submission, nbgrader_meta, write_submission
 
 ASSIGNMENT = "ch1_principles"
@@ -124,8 +124,8 @@ def test_the_gradebook_is_backed_up_before_each_run(regraded):
 
 
 def _kill_after_first_student(submitted, out):
-    proc = subprocess.Popen([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted), 
-                             "--out", str(out), "--timeout", "20", "--workers", "1"], cwd=REPO,
+    proc = subprocess.Popen([sys.executable, "-m", "autograde", "grade", ASSIGNMENT, str(submitted),
+                             "--out", str(out), "--timeout", "20", "--workers", "1"], cwd=REPO, env=outer_environ(),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
     deadline = time.monotonic() + 600
     for line in proc.stdout:
