@@ -2,6 +2,7 @@
 message says what was called, what was expected and what was found, in words a
 student can act on. Helpers return None so nbgrader never reads a return value
 as partial credit."""
+import contextlib
 import numbers
 
 import numpy as np
@@ -27,9 +28,50 @@ def expect_array(found, *, shape, what):
         raise GradingFailure(f"{what} should return floating-point values, but returned dtype {found.dtype}.")
 
 
+# Tolerances. The NumPy exercises compute in float64 on inputs of at most a few
+# thousand elements per sum: the rounding error of any correct order of
+# operations is below m * 2^-53 * sum|terms| ~ 1e-12 relative, so the default
+# rtol = 1e-6, atol = 1e-9 is wider by many orders of magnitude than rounding
+# and narrower by as many than any mistake (a missing factor, a wrong axis).
+# Kernels in float32 or 16 bits are compared with element-wise error bounds
+# (autograde.bounds, expect_within). record_margins() shows how close a correct
+# answer comes to either.
+_MARGINS = []
+
+
+@contextlib.contextmanager
+def record_margins():
+    """Collects, for every comparison made inside, (what, largest |found - expected|
+    over the tolerance at that element): 1 is the edge of acceptance."""
+    found = []
+    _MARGINS.append(found)
+    try:
+        yield found
+    finally:
+        _MARGINS.remove(found)
+
+
+def _note_margin(what, ratio):
+    for record in _MARGINS:
+        record.append((what, float(ratio)))
+
+
 def expect_close(found, expected, *, what, rtol=1e-6, atol=1e-9, hint=""):
-    """Compare a student array with the reference, shape and values."""
+    """Compare a student array with the reference, shape and values: within
+    atol + rtol * |expected| at every element, as np.isclose."""
     expected = np.asarray(expected)
+    found = _expect_finite_array(found, expected, what, hint)
+    _expect_within_tolerance(found, expected, atol + rtol * np.abs(expected), what, hint)
+
+
+def expect_within(found, expected, bound, *, what, hint=""):
+    """Compare a student array with the reference within an element-wise error bound."""
+    expected = np.asarray(expected)
+    found = _expect_finite_array(found, expected, what, hint)
+    _expect_within_tolerance(found, expected, np.asarray(bound, dtype=np.float64), what, hint)
+
+
+def _expect_finite_array(found, expected, what, hint):
     if expected.shape == () and isinstance(found, (float, np.floating)):
         found = np.asarray(found)  # a NumPy or Python scalar is a fine 0-d result
     expect_array(found, shape=expected.shape, what=what)
@@ -39,13 +81,25 @@ def expect_close(found, expected, *, what, rtol=1e-6, atol=1e-9, hint=""):
             f"{what} returned a non-finite value ({found[tuple(bad)]}) at index {tuple(int(i) for i in bad)}; "
             f"the expected value there is {expected[tuple(bad)]:.6g}. {hint}".rstrip()
         )
-    close = np.isclose(found, expected, rtol=rtol, atol=atol)
+    return found
+
+
+def _expect_within_tolerance(found, expected, tolerance, what, hint):
+    with np.errstate(invalid="ignore", over="ignore"):
+        error = np.where(found == expected, 0.0, np.abs(found - expected))
+        close = error <= tolerance
+    if error.size:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            ratio = np.where(error == 0, 0.0, error / tolerance)
+        _note_margin(what, np.nanmax(ratio) if np.isfinite(ratio).all() else np.inf)
     if not np.all(close):
         bad = tuple(int(i) for i in np.argwhere(~close)[0])
-        worst = float(np.max(np.abs(found - expected)))
+        worst = float(np.max(error))
+        allowed = float(np.broadcast_to(tolerance, error.shape)[bad])
         raise GradingFailure(
-            f"{what} is wrong at index {bad}: expected {expected[bad]:.6g}, found {found[bad]:.6g} "
-            f"({int(np.sum(~close))} of {close.size} entries differ; largest difference {worst:.3g}). {hint}".rstrip()
+            f"{what} is wrong at index {bad}: expected {expected[bad]:.6g}, found {found[bad]:.6g}, a difference of "
+            f"{float(error[bad]):.3g} where rounding allows {allowed:.3g} ({int(np.sum(~close))} of {close.size} "
+            f"entries differ; largest difference {worst:.3g}). {hint}".rstrip()
         )
 
 

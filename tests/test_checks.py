@@ -11,7 +11,7 @@ import pytest
 from autograde.checks import principles as checks
 from autograde.checks import complexity as complexity_checks
 from autograde.checks import variants as variant_checks
-from autograde.compare import GradingFailure
+from autograde.compare import GradingFailure, record_margins
 from autograde.reference import complexity as complexity_ref
 from autograde.reference import principles as ref
 from autograde.reference import variants as ref_variants
@@ -111,10 +111,24 @@ def cases(kind):
     return [(assignment, name) for assignment, module in CLASSES.items() for name in sorted(getattr(module, kind))]
 
 
+# A correct answer stays within a quarter of every tolerance, on every draw: a
+# tolerance fitted to one machine's rounding would leave another's no room.
+MARGIN = 4
+
+
+def expect_margin(margins, label):
+    """Every comparison recorded (autograde.compare.record_margins) at most 1/MARGIN of its tolerance."""
+    worst = max(margins, key=lambda m: m[1], default=("nothing compared", 0.0))
+    assert worst[1] <= 1 / MARGIN, (f"{label}: a correct answer came within {1 / worst[1]:.1f}x of the tolerance "
+                                    f"(at least {MARGIN}x is required): {worst[0]}")
+
+
 @pytest.mark.parametrize("assignment, cell", [(a, c) for a in CHECKS for c in sorted(CHECKS[a])])
 def test_checks_accept_the_reference(assignment, cell):
     check, name = CHECKS[assignment][cell]
-    assert check(namespace(assignment, {})[name]) is None  # None: nbgrader must not read a partial score
+    with record_margins() as margins:
+        assert check(namespace(assignment, {})[name]) is None  # None: nbgrader must not read a partial score
+    expect_margin(margins, f"the solution of {name}, {cell}")
 
 
 # A planted submission changes one or two functions; the checks of the others
@@ -125,9 +139,11 @@ def test_checks_accept_other_correct_styles(assignment, case):
     overrides = CLASSES[assignment].CORRECT[case]
     ns, rerun = namespace(assignment, overrides), affected(assignment, overrides)
     checked = 0
-    for check, name in CHECKS[assignment].values():
+    for cell, (check, name) in CHECKS[assignment].items():
         if rerun is None or name in rerun:
-            check(ns[name])
+            with record_margins() as margins:
+                check(ns[name])
+            expect_margin(margins, f"{case}, {cell}")
             checked += 1
     assert checked, f"{case} changes no graded function"
 

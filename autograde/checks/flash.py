@@ -17,8 +17,9 @@ import secrets
 
 import numpy as np
 
+from autograde import bounds
 from autograde.compare import (GradingFailure, call, call_unchanged, describe, expect_close, expect_int,
-                               expect_sequence)
+                               expect_sequence, expect_within)
 from autograde.kernel_compile import TARGETS as COMPILE_TARGETS
 from autograde.kernel_compile import compile_kernels
 from autograde.memory import traced_peak
@@ -59,10 +60,28 @@ def chunk_states(scores, v, bounds):
     return np.stack(ms), np.stack(ls), np.stack(os_)
 
 
+def _merge_bounds(m, o, m_all, l_all, o_all):
+    """Rounding-error bounds for a merge in float64 (unit 2^-53) by any correct route:
+    weights exp(m_c - m) computed directly or through logarithms (log-sum-exp, logaddexp),
+    whose arguments round by up to |m| units, then sums over the C chunks. l's relative
+    error is then below (8 (C + 4) + 4 |m|) units of the row, o's as much relative to
+    the chunks' largest output (o is their weighted mean); m is a maximum, exact up to a
+    round trip through such a sum."""
+    unit = 2.0 ** -53
+    chunks = m.shape[0]
+    finite = np.where(np.isfinite(m), np.abs(m), 0.0).max(axis=0)
+    relative = (8 * (chunks + 4) + 4 * finite) * unit
+    largest = np.abs(o).max(axis=(0, -1))
+    return {"m": 4 * unit * np.abs(np.where(np.isfinite(m_all), m_all, 0.0)),
+            "l": relative * np.abs(l_all),
+            "o": (2 * relative * largest)[..., None] + 0 * o_all}
+
+
 def _check_merge(fn, scores, v, bounds):
     m, l, o = chunk_states(scores, v, bounds)
     what = f"merge_softmax_states(m {m.shape}, l {l.shape}, o {o.shape}) for key chunks {bounds}"
     expected = ref.merge_softmax_states(m, l, o)
+    merge_bound = _merge_bounds(m, o, *expected)
     found = call_unchanged(fn, m, l, o, what=what)
     expect_sequence(found, 3, what=what, names="(m, l, o)")
     for name, value, want in zip("mlo", found, expected):
@@ -74,8 +93,8 @@ def _check_merge(fn, scores, v, bounds):
         if not np.array_equal(np.isneginf(value), empty):
             row = tuple(int(i) for i in np.argwhere(np.isneginf(value) != empty)[0])
             raise GradingFailure(f"{label} at {row}: expected {want[row]}, found {value[row]}. {MERGE_HINT}")
-        expect_close(np.where(empty, 0.0, value), np.where(empty, 0.0, want), what=label,
-                     rtol=1e-10, atol=1e-12, hint=MERGE_HINT)
+        expect_within(np.where(empty, 0.0, value), np.where(empty, 0.0, want), merge_bound[name], what=label,
+                      hint=MERGE_HINT)
 
 
 def _random_bounds(rng, n, chunks):
@@ -285,18 +304,6 @@ FOLLOW_HINT = ("The grader ran your launcher's kernels again on keys and values 
                "in your kernels from what they load.")
 
 
-def _tolerances(dtype):
-    """float32: the interpreter's products are exact float32 (rtol 1e-4 leaves room for
-    a different summation order). float16/bfloat16 on a GPU: P is rounded to the input
-    type before P @ V, an error of about one unit in the last place of 2^-11 (fp16)
-    or 2^-8 (bf16) relative to outputs of size about 1. TF32 does not arise: on a GPU
-    the inputs are 16-bit, and tl.dot on 16-bit operands multiplies exactly and
-    accumulates in float32, whatever input_precision says."""
-    import torch
-
-    return {torch.float32: (1e-4, 1e-5), torch.float16: (1e-2, 5e-3), torch.bfloat16: (5e-2, 3e-2)}[dtype]
-
-
 def _device_and_dtype(dtype):
     import torch
 
@@ -381,8 +388,15 @@ def _expect_inputs_unchanged(what, names, originals, inputs, advice):
             raise GradingFailure(f"{what} changed its input {name}; {advice}")
 
 
-def _expect_tensor_close(what, value, want, like, dtype, hint):
-    """A student tensor against a float64 reference: type, shape, dtype, device, then values.
+def _native():
+    """Whether kernels run natively on a GPU (float32 products in TF32 unless a kernel asks
+    for IEEE float32: autograde.bounds), not in the interpreter."""
+    return _device_and_dtype(None)[0] == "cuda"
+
+
+def _expect_tensor_close(what, value, want, bound, like, dtype, hint):
+    """A student tensor against a float64 reference, within the element-wise rounding-error
+    bound of the computation (autograde.bounds): type, shape, dtype, device, then values.
     Values that are right up to some column of the last axis and wrong after it (a block over
     the head dimension that stops short) are named as such."""
     import torch
@@ -392,10 +406,8 @@ def _expect_tensor_close(what, value, want, like, dtype, hint):
     if tuple(value.shape) != tuple(like.shape) or value.dtype != dtype or value.device != like.device:
         raise GradingFailure(f"{what} should be a {dtype} tensor of shape {tuple(like.shape)} on {like.device}, "
                              f"but is {value.dtype} of shape {tuple(value.shape)} on {value.device}.")
-    rtol, atol = _tolerances(dtype)
     found = value.detach().double().cpu().numpy()
-    atol = atol * max(1.0, float(np.abs(want).max()))         # gradients summed over many keys grow with n
-    close = np.isclose(found, want, rtol=rtol, atol=atol)
+    close = np.abs(found - want) <= bound
     columns = close.reshape(-1, close.shape[-1]).all(axis=0)
     if not columns.all() and columns.any():
         first_bad = int(np.argmin(columns))
@@ -405,7 +417,7 @@ def _expect_tensor_close(what, value, want, like, dtype, hint):
                 f"D = {close.shape[-1]}) are wrong, columns 0 to {first_bad - 1} are right. Does a block over the "
                 f"head dimension stop at {first_bad}? It must cover all of D, e.g. "
                 "BLOCK_D = max(16, triton.next_power_of_2(D)) with a mask for the columns past D.")
-    expect_close(found, want, what=what, rtol=rtol, atol=atol, hint=hint)
+    expect_within(found, want, bound, what=what, hint=hint)
 
 
 def _compare_outputs(what, report, results_bytes, head_dim, comparisons):
@@ -434,12 +446,13 @@ def _replay(launcher, recording):
     return seed, in_student_process(probes.replayed_launcher_call, recording, seed, list(CHANGED_INPUTS))
 
 
-def _judge_follow(launcher, what, names, replayed, expected, accepted, budget, tolerances):
+def _judge_follow(launcher, what, names, replayed, expected, accepted, budget):
     """The verdict on a replayed call (coursekit.kernel_replay): its results must equal one
     of the `accepted` answers for the changed keys and values, with at most `budget`
     elements of PyTorch arithmetic on the host over data that depends on them. Results that
     equal the answer for the real inputs were computed outside the kernels: reported for a
-    person to look at. Other wrong ones hold only for some inputs."""
+    person to look at. Other wrong ones hold only for some inputs. `expected` and each
+    accepted answer are (results, their error bounds)."""
     if replayed["changed"]:
         names = ", ".join(replayed["changed"][:5])
         note_sighting(launcher, CHANGED_SIGHTING, f"{what}: rebound {names}")
@@ -459,14 +472,12 @@ def _judge_follow(launcher, what, names, replayed, expected, accepted, budget, t
     if len(found) != len(names):
         found = (found + [None] * len(names))[:len(names)]
 
-    def close(value, want):
-        rtol, atol = tolerances
-        return value is not None and value.shape == want.shape and bool(
-            np.allclose(value, want, rtol=rtol, atol=atol * max(1.0, float(np.abs(want).max()))))
+    def close(value, want, bound):
+        return value is not None and value.shape == want.shape and bool(np.all(np.abs(value - want) <= bound))
 
-    if any(all(close(f, w) for f, w in zip(found, answer)) for answer in accepted):
+    if any(all(close(f, w, b) for f, w, b in zip(found, *answer)) for answer in accepted):
         return
-    unchanged = [name for name, f, w in zip(names, found, expected) if close(f, w)]
+    unchanged = [name for name, f, w, b in zip(names, found, *expected) if close(f, w, b)]
     if unchanged:
         note_sighting(launcher, FOLLOW_SIGHTING, f"{what}: {', '.join(unchanged)} did not follow")
         raise GradingFailure(f"{what}: {', '.join(unchanged)} did not follow the keys and values your kernels "
@@ -533,6 +544,28 @@ def _bwd_inputs(shape, causal, sm_scale, *, seed, dtype, magnitude, layout):
     return (q, k, v, o, lse, do), (q64, k64, v64, do64, o64, lse64), dtype
 
 
+def bwd_answer(q64, k64, v64, do64, causal, sm_scale, dtype, o=None, lse=None):
+    """((dq, dk, dv), their error bounds) for kernels handed these keys and values, o and lse:
+    o and lse of exact attention over them where not given (autograde.bounds)."""
+    if o is None or lse is None:
+        group = q64.shape[1] // k64.shape[1]
+        o_exact, lse_exact = ref.attention_with_lse(q64, np.repeat(k64, group, 1), np.repeat(v64, group, 1), causal,
+                                                    sm_scale)
+        o, lse = (o_exact if o is None else o), (lse_exact if lse is None else lse)
+    return (ref.attention_backward(q64, k64, v64, do64, causal, sm_scale, o=o, lse=lse),
+            bounds.backward_bounds(q64, k64, v64, do64, o, lse, causal, sm_scale, dtype, _native()))
+
+
+def _bwd_accepted(q64, k64, v64, do64, o64, lse64, causal, sm_scale, dtype, signs_k, signs_v):
+    """The answers a replay with the keys and values multiplied by these signs may give: P
+    from the given log-sum-exp, from one the kernels recompute over the keys they load, or
+    with O recomputed as well."""
+    k2, v2 = k64 * signs_k, v64 * signs_v
+    return [bwd_answer(q64, k2, v2, do64, causal, sm_scale, dtype, o=o64, lse=lse64),
+            bwd_answer(q64, k2, v2, do64, causal, sm_scale, dtype, o=o64),
+            bwd_answer(q64, k2, v2, do64, causal, sm_scale, dtype)]
+
+
 def bwd_products(shape):
     """Multiply-adds of Q K^T for one backward call: B * H * N * N * D."""
     batch, heads, _, n, d = shape
@@ -545,7 +578,7 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
 
     (q, k, v, o, lse, do), (q64, k64, v64, do64, o64, lse64), dtype = _bwd_inputs(
         shape, causal, sm_scale, seed=seed, dtype=dtype, magnitude=magnitude, layout=layout)
-    expected = ref.attention_backward(q64, k64, v64, do64, causal, sm_scale)
+    expected = bwd_answer(q64, k64, v64, do64, causal, sm_scale, dtype, o=o64, lse=lse64)
     originals = [t.clone() for t in (q, k, v, o, lse, do)]
     what = (f"flash_attention_backward(q of shape {tuple(q.shape)}, k and v of shape {tuple(k.shape)}, {dtype}, "
             f"causal={causal}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
@@ -558,21 +591,16 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
                              "write only to the gradients.")
     results_bytes = _nbytes(q) + _nbytes(k) + _nbytes(v)
     _compare_outputs(what, report, results_bytes, q.shape[-1], [
-        lambda name=name, value=value, want=want, like=like: _expect_tensor_close(f"{what}: {name}", value, want, like,
-                                                                                  dtype, BWD_HINT)
-        for name, value, want, like in zip(("dq", "dk", "dv"), found, expected, (q, k, v))])
+        lambda name=name, value=value, want=want, bound=bound, like=like: _expect_tensor_close(
+            f"{what}: {name}", value, want, bound, like, dtype, BWD_HINT)
+        for name, value, want, bound, like in zip(("dq", "dk", "dv"), found, *expected, (q, k, v))])
     _judge_kernels(what, report, stored_at_least=results_bytes, loaded_at_least=_nbytes(q) + _nbytes(do))
     if follow:
         seed_flip, replayed = _replay(flash_attention_backward, recording)
         signs_k, signs_v = flip_signs(seed_flip, [k.shape, v.shape])
-        k2, v2 = k64 * signs_k, v64 * signs_v
-        # P from the given log-sum-exp, from one the kernels recompute over the keys they load,
-        # or with O recomputed as well.
-        accepted = [ref.attention_backward(q64, k2, v2, do64, causal, sm_scale, o=o64, lse=lse64),
-                    ref.attention_backward(q64, k2, v2, do64, causal, sm_scale, o=o64),
-                    ref.attention_backward(q64, k2, v2, do64, causal, sm_scale)]
+        accepted = _bwd_accepted(q64, k64, v64, do64, o64, lse64, causal, sm_scale, dtype, signs_k, signs_v)
         _judge_follow(flash_attention_backward, what, ("dq", "dk", "dv"), replayed, expected, accepted,
-                      bwd_products(shape) // 2, _tolerances(dtype))
+                      bwd_products(shape) // 2)
 
 
 def check_bwd_output(flash_attention_backward):
@@ -673,7 +701,7 @@ def check_bwd_memory(flash_attention_backward):
         q, k, v, do = (torch.randn(1, 1, n, d, generator=gen).to(dtype) for _ in range(4))
         q64, k64, v64, do64 = (t.double().numpy() for t in (q, k, v, do))
         o64, lse64 = ref.attention_with_lse(q64, k64, v64)
-        expected = ref.attention_backward(q64, k64, v64, do64)
+        expected = bwd_answer(q64, k64, v64, do64, False, None, dtype, o=o64, lse=lse64)
         o, lse = torch.from_numpy(o64).to(device=device, dtype=dtype), torch.from_numpy(lse64).float().to(device)
         q, k, v, do = (t.to(device) for t in (q, k, v, do))
         args = (q, k, v, o, lse, do)
@@ -688,11 +716,9 @@ def check_bwd_memory(flash_attention_backward):
         if first:
             seed_flip, replayed = _replay(flash_attention_backward, recording)
             signs_k, signs_v = flip_signs(seed_flip, [k.shape, v.shape])
-            k2, v2 = k64 * signs_k, v64 * signs_v
-            accepted = [ref.attention_backward(q64, k2, v2, do64, o=o64, lse=lse64),
-                        ref.attention_backward(q64, k2, v2, do64, o=o64), ref.attention_backward(q64, k2, v2, do64)]
+            accepted = _bwd_accepted(q64, k64, v64, do64, o64, lse64, False, None, dtype, signs_k, signs_v)
             _judge_follow(flash_attention_backward, what, ("dq", "dk", "dv"), replayed, expected, accepted,
-                          bwd_products((1, 1, 1, n, d)) // 2, _tolerances(dtype))
+                          bwd_products((1, 1, 1, n, d)) // 2)
         if device == "cuda":
             grads, report, peak = in_student_process(probes.cuda_launcher_peak, flash_attention_backward, list(args),
                                                      {"causal": False}, what)
@@ -700,8 +726,8 @@ def check_bwd_memory(flash_attention_backward):
             (grads, report, _), peak = traced_peak(probes.traced_launcher_call, flash_attention_backward, list(args),
                                                    {"causal": False}, what, False, False)
         expect_sequence(grads, 3, what=what, names="(dq, dk, dv)")
-        for name, value, want, like in zip(("dq", "dk", "dv"), grads, expected, (q, k, v)):
-            _expect_tensor_close(f"{what}: {name}", value, want, like, dtype, BWD_HINT)
+        for name, value, want, bound, like in zip(("dq", "dk", "dv"), grads, *expected, (q, k, v)):
+            _expect_tensor_close(f"{what}: {name}", value, want, bound, like, dtype, BWD_HINT)
         _judge_square(what, report, 1, 1, n, d, element)
         overheads.append(peak - 3 * n * d * element)
         scores = n * n * element
@@ -745,6 +771,7 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
     v_cache = torch.randn(batch, kv_heads, max_len, d, generator=gen).to(dtype)
     q64, k64, v64 = (t.double().numpy() for t in (q, k_cache, v_cache))
     expected = ref.decode_attention(q64, k64, v64, lens, sm_scale)
+    bound = bounds.decode_bounds(q64, k64, v64, lens, sm_scale, dtype, _native())
     q, k_cache, v_cache = (_in_layout(t.to(device), layout, gen) for t in (q, k_cache, v_cache))
     cache_lens = torch.tensor(lens, dtype=lens_dtype or torch.int32, device=device)
     originals = [t.clone() for t in (q, k_cache, v_cache, cache_lens)]
@@ -762,14 +789,16 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
         raise GradingFailure(f"{what} should return a {dtype} tensor of shape {tuple(q.shape)}, but returned "
                              f"{describe(out) if not isinstance(out, torch.Tensor) else f'{out.dtype} {tuple(out.shape)}'}.")
     _compare_outputs(what, report, _nbytes(q), q.shape[-1],
-                     [lambda: _expect_tensor_close(what, out, expected, q, dtype, DECODE_HINT)])
+                     [lambda: _expect_tensor_close(what, out, expected, bound, q, dtype, DECODE_HINT)])
     _judge_kernels(what, report, stored_at_least=_nbytes(q), loaded_at_least=_nbytes(q))
     if follow:
         seed_flip, replayed = _replay(decode_attention, recording)
         signs_k, signs_v = flip_signs(seed_flip, [k_cache.shape, v_cache.shape])
-        accepted = [[ref.decode_attention(q64, k64 * signs_k, v64 * signs_v, lens, sm_scale)]]
-        _judge_follow(decode_attention, what, ("the output",), replayed, [expected], accepted,
-                      decode_products(heads, d, lens) // 2, _tolerances(dtype))
+        k2, v2 = k64 * signs_k, v64 * signs_v
+        accepted = [([ref.decode_attention(q64, k2, v2, lens, sm_scale)],
+                     [bounds.decode_bounds(q64, k2, v2, lens, sm_scale, dtype, _native())])]
+        _judge_follow(decode_attention, what, ("the output",), replayed, ([expected], [bound]), accepted,
+                      decode_products(heads, d, lens) // 2)
     return report["log"]
 
 
