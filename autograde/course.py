@@ -32,6 +32,11 @@ def assignments():
     return sorted(p.name for p in SOLUTIONS.iterdir() if p.is_dir() and any(p.glob("*.ipynb")))
 
 
+def uses_triton(assignment):
+    """Whether the assignment's notebooks define Triton kernels."""
+    return any("import triton" in path.read_text() for path in source_notebooks(assignment))
+
+
 def source_notebooks(assignment):
     folder = SOLUTIONS / assignment
     if assignment not in assignments():

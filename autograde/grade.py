@@ -35,6 +35,7 @@ from autograde.course import (
     config_file_text,
     nbgrader_config,
     source_notebooks,
+    uses_triton,
 )
 from autograde import cgroups
 from autograde.memory import OUTSIDE_SLACK_BYTES
@@ -80,6 +81,7 @@ class Summary:
     seconds: float
     flagged: list = field(default_factory=list)
     conflicts: list = field(default_factory=list)
+    kernels: str = ""      # where Triton kernels ran, for assignments that have them
 
     def count(self, status):
         return sum(r.status == status for r in self.results)
@@ -258,6 +260,14 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
         # CUDA reserves far more virtual memory than any address-space limit would allow.
         log("a GPU driver is present: student processes get no address-space limit (CUDA needs the room)")
         limits.memory_bytes = 0
+    kernels = ""
+    if uses_triton(assignment):
+        # Decided here, before any worker starts: the workers and the students' processes
+        # inherit the choice (coursekit.triton_env).
+        from coursekit.triton_env import where_kernels_run
+
+        kernels = where_kernels_run()
+        log(f"Triton kernels run {kernels}")
     workers = max(1, workers or os.cpu_count() or 1)
     stage_root = out / "work"
     if stage_root.exists():
@@ -305,7 +315,7 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     partial.replace(grades_csv)  # never a half-written grades.csv, even if the run is killed
     flagged = write_report(out, flags)
     summary = Summary(results=ordered, grades_csv=grades_csv, seconds=time.monotonic() - started,
-                      flagged=flagged, conflicts=conflicts)
+                      flagged=flagged, conflicts=conflicts, kernels=kernels)
     log(f"graded {summary.count('graded')}, ungradable {summary.count('ungradable')}, "
         f"failed {summary.count('failed') + summary.count('error')}, flagged {len(flagged)} "
         f"of {len(ordered)} submissions in {summary.seconds:.0f} s")
@@ -314,6 +324,8 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     log(f"grades: {grades_csv}")
     log(f"integrity: {len(flagged)} student(s) flagged for review; see {out / 'integrity.txt'}")
     log(f"feedback: {out / 'feedback'}/<student>/{assignment}/")
+    if kernels:
+        log(f"Triton kernels ran {kernels}")
     if summary.count("error"):
         log("error: the grader itself failed on some submissions (status 'error' in grades.csv); their scores "
             "were not recorded. Please report it with the submission.")

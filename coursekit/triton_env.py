@@ -39,6 +39,17 @@ def triton_device(quiet=False):
     return "cpu"
 
 
+def where_kernels_run():
+    """Where Triton kernels run in this process, in words (what a grading report says)."""
+    import torch
+
+    device = triton_device(quiet=True)
+    if device == "cuda":
+        return f"natively on the GPU ({torch.cuda.get_device_name()})"
+    why = "TRITON_INTERPRET is set" if torch.cuda.is_available() else "no CUDA GPU on this machine"
+    return f"in Triton's interpreter on the CPU ({why})"
+
+
 def _refuse_mixed_modes():
     """Switching to the interpreter after Triton was imported for compiling leaves
     Triton's own library compiled: an interpreted kernel that calls tl.max then

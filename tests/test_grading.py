@@ -115,6 +115,20 @@ def test_solutions_score_full_marks(graded, assignment, student):
 
 
 @pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_the_report_says_where_kernels_ran(graded, assignment):
+    """Chapter 4's kernels run natively or in the interpreter, by the machine: the
+    instructor reads which (and the tests cannot tell otherwise what was graded)."""
+    import torch
+
+    lines = [line for line in graded(assignment)["stdout"].splitlines() if line.startswith("Triton kernels ran")]
+    if assignment != "ch4_flash":
+        assert not lines
+        return
+    where = "natively on the GPU" if torch.cuda.is_available() else "in Triton's interpreter on the CPU"
+    assert lines and lines[-1].startswith(f"Triton kernels ran {where}"), lines
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
 def test_untouched_exercises_score_zero(graded, assignment):
     row = graded(assignment)["rows"]["untouched"]
     assert row["status"] == "graded"

@@ -265,14 +265,16 @@ def grade_submission(root, settings):
         score = float(score) if score not in ("", None) else 0.0
         total += score
         entries.append(_test_entry(test, score, messages.get(stem, {}), _visibility(test, settings)))
-    return {"score": total, "output": _summary(tests, entries, written, flags, settings),
+    return {"score": total, "output": _summary(tests, entries, written, flags, settings, summary.kernels),
             "stdout_visibility": "hidden", "tests": entries}, 0
 
 
-def _summary(tests, entries, written, flags, settings):
+def _summary(tests, entries, written, flags, settings, kernels=""):
     visible = [(t, e) for t, e in zip(tests, entries) if e["visibility"] == "visible"]
     lines = [f"Visible tests: {sum(e['score'] for _, e in visible):g} of {sum(t.points for t, _ in visible):g} "
              "points."]
+    if kernels:
+        lines.append(f"Your Triton kernels ran {kernels}.")
     if len(visible) < len(tests):
         when = {"after_due_date": "after the due date", "after_published": "when grades are published",
                 "hidden": "to your instructor only"}[settings["hidden_visibility"]]
