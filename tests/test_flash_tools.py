@@ -189,8 +189,9 @@ def test_benchmark_command_prints_the_table_for_this_machine(tmp_path):
     assert record["device"]["type"] == DEVICE and record["versions"]["torch"] == torch.__version__
     printed = [line.split() for line in proc.stdout.splitlines()]
     for table in record["tables"].values():      # every saved row is a printed row
-        for row in table:
-            assert any(str(row["n"]) in line and row["method"].split()[0] in line for line in printed), row
+        for row in table:                        # (decoding rows have a cache length and a batch, not n)
+            size = str(row["n"] if "n" in row else row["length"])
+            assert any(size in line and row["method"].split()[0] in line for line in printed), row
     if DEVICE == "cuda":
         assert "TFLOP/s" in proc.stdout and "SDPA, FLASH_ATTENTION backend" in proc.stdout
     else:
