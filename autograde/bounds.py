@@ -11,10 +11,10 @@ recomputed from a float32 log-sum-exp does: exp(s - lse) is off by about
 
 Units (relative rounding errors):
 - float32 arithmetic and accumulation, as the exercise asks: U = 2^-24;
-- the operands of tl.dot: on a GPU, float32 operands are rounded to TF32
-  (10 bits of mantissa, 2^-11) unless the kernel asks for IEEE float32, and
-  P and dS are cast to the inputs' 16-bit type; in the interpreter, float32
-  products are float32;
+- the operands of tl.dot: on a GPU, float32 operands are cut to TF32 (10 bits
+  of mantissa, truncated rather than rounded: 2^-10; book/flash/triton_basics.md)
+  unless the kernel asks for IEEE float32, and P and dS are cast to the inputs'
+  16-bit type; in the interpreter, float32 products are float32;
 - each result is stored in the output type (2^-24, 2^-11, 2^-8).
 
 tests/test_checks.py shows that the instructor's solution and every correct
@@ -30,7 +30,7 @@ TINY = 2.0 ** -126            # float32's smallest normal number: exp(x) below i
 # below its smallest normal number a type keeps a fixed absolute spacing (float16: 2^-24).
 STORAGE = {"float32": (2.0 ** -24, 2.0 ** -150), "float16": (2.0 ** -11, 2.0 ** -25),
            "bfloat16": (2.0 ** -8, 2.0 ** -134)}
-TF32 = (2.0 ** -11, 2.0 ** -150)
+TF32 = (2.0 ** -10, 2.0 ** -150)     # truncated to 10 mantissa bits
 
 
 def units(dtype, native):
@@ -113,33 +113,48 @@ def backward_bounds(q, k, v, do, o, lse, causal, sm_scale, dtype, native):
                  for err, value in zip((dq, _fold(dk, kv_heads), _fold(dv, kv_heads)), exact))
 
 
-def decode_bounds(q, k_cache, v_cache, cache_lens, sm_scale, dtype, native):
-    """Element-wise bounds on |found - exact| for one decoding step: per (sequence, query head),
-    out = sum_j p_j v_j / sum_j p_j with p_j = exp(s_j - m), computed in float32 in chunks with
-    running maxima, then merged. A rescaling exp(m_old - m_new) multiplies a chunk's sum and
-    its output alike and cancels in their ratio; the merge's exp(m_c - m) does not, and its
-    argument and p_j's add up to |s_j - m|. A relative error eps_j of p_j moves the output by
-    sum_j P_j eps_j (v_j - out); the sums add their own rounding."""
-    q, k_cache, v_cache = (np.asarray(a, dtype=np.float64) for a in (q, k_cache, v_cache))
+def forward_bounds(q, k, v, causal, sm_scale, dtype, native):
+    """Element-wise bounds on |found - exact| for attention's output and log-sum-exp, as a
+    forward kernel computes them in float32: per query, o = sum_j p_j v_j / sum_j p_j with
+    p_j = exp(s_j - m), over blocks of keys with running maxima, and lse = m + ln sum_j p_j.
+    A rescaling exp(m_old - m_new) multiplies a row's sum and its output alike and cancels in
+    their ratio; an exp whose argument is a merge of partial maxima does not, and the
+    arguments of p_j's exps add up to |s_j - m|. A relative error eps_j of p_j moves the output
+    by sum_j P_j eps_j (v_j - o) and the log-sum-exp by sum_j P_j eps_j; the sums add their own
+    rounding, and the output is stored in `dtype`. q (..., n_q, d), k and v (..., n_k, d)."""
+    q, k, v = (np.asarray(a, dtype=np.float64) for a in (q, k, v))
     (storage, storage_abs), (operand, operand_abs) = units(dtype, native)
-    batch, heads, d = q.shape
+    d = q.shape[-1]
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
-    group = heads // k_cache.shape[1]
-    bound = np.zeros((batch, heads, v_cache.shape[-1]))
-    for b in range(batch):
-        n = int(cache_lens[b])
-        for h in range(heads):
-            keys, values = k_cache[b, h // group, :n], v_cache[b, h // group, :n]
-            s = keys @ q[b, h] * scale
-            a = np.abs(keys) @ np.abs(q[b, h]) * abs(scale)
-            x = s - s.max()
-            p = np.exp(x)
-            total = p.sum()
-            p /= total
-            out = p @ values
-            eps = _dot(d, operand) * a + U * np.abs(s) + 4 * U * np.abs(x) + 16 * U + operand
-            # exp's underflow and the operand's smallest spacing, relative to the sum of weights (>= 1)
-            floor = (TINY + operand_abs) * n / total
-            bound[b, h] = p * eps @ np.abs(values - out) + floor * np.abs(values).max(axis=0, initial=0.0) \
-                + (_dot(n, operand) + (n + 8) * U) * (p @ np.abs(values)) + (U + storage) * np.abs(out) + storage_abs
+    s, a = _scores(q, k, scale, causal)
+    m = s.max(axis=-1, keepdims=True)
+    kept = np.isfinite(s)
+    x = np.where(kept, s - m, 0.0)
+    p = np.where(kept, np.exp(x), 0.0)
+    total = p.sum(axis=-1, keepdims=True)
+    weights = p / total
+    out = weights @ v
+    keys = kept.sum(axis=-1, keepdims=True)
+    eps = np.where(kept, _dot(d, operand) * a + U * np.abs(np.where(kept, s, 0.0)) + 4 * U * np.abs(x) + 16 * U
+                   + operand, 0.0)
+    moved = weights * eps
+    # exp's underflow and the operand's smallest spacing, relative to the sum of weights (>= 1)
+    floor = (TINY + operand_abs) * keys / total
+    out_bound = moved @ np.abs(v) + moved.sum(axis=-1, keepdims=True) * np.abs(out) \
+        + floor * np.abs(v).max(axis=-2, keepdims=True) \
+        + (_dot(keys, operand) + (keys + 8) * U) * (weights @ np.abs(v)) + (U + storage) * np.abs(out) + storage_abs
+    lse = m + np.log(total)
+    lse_bound = moved.sum(axis=-1, keepdims=True) + (keys + 8) * U + 2 * U * np.abs(lse) + floor
+    return out_bound, lse_bound[..., 0]
+
+
+def decode_bounds(q, k_cache, v_cache, cache_lens, sm_scale, dtype, native):
+    """forward_bounds of one decoding step: q (B, H_q, D) against the first cache_lens[b]
+    positions of caches (B, H_kv, L_max, D), query head h on key/value head h // (H_q / H_kv)."""
+    q, k_cache, v_cache = (np.asarray(a, dtype=np.float64) for a in (q, k_cache, v_cache))
+    heads = q.shape[1]
+    bound = np.zeros(q.shape[:2] + v_cache.shape[-1:])
+    for b, n in enumerate(int(n) for n in cache_lens):
+        keys, values = (_expand(c[b, :, :n], heads) for c in (k_cache, v_cache))
+        bound[b] = forward_bounds(q[b][:, None], keys, values, False, sm_scale, dtype, native)[0][:, 0]
     return bound

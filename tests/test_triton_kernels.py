@@ -12,8 +12,9 @@ from autograde.reference import flash as ref
 from coursekit.torch_memory import TorchTensorBytes
 from coursekit.triton_env import triton_device
 
+from tests.kernel_bounds import assert_forward_within_bounds
+
 DEVICE = triton_device(quiet=True)
-TOL = 1e-5 if DEVICE == "cpu" else 2e-2      # float32 in the interpreter; TF32 products on a GPU
 
 
 def packed_views(batch, n, heads, d, seed):
@@ -39,9 +40,7 @@ def test_flash_forward_on_strided_views_with_a_padded_head_dimension(d, causal):
     q, k, v = packed_views(2, 45, 3, d, seed=d)
     assert not q.is_contiguous() and q.stride(-1) == 1
     out, lse = flash_forward(q, k, v, causal=causal)
-    ref_out, ref_lse = reference(q, k, v, causal)
-    np.testing.assert_allclose(out.cpu().numpy(), ref_out, atol=TOL)
-    np.testing.assert_allclose(lse.cpu().numpy(), ref_lse, atol=TOL)
+    assert_forward_within_bounds(out, lse, q, k, v, causal)
 
 
 @pytest.mark.parametrize("d", [48, 80])
@@ -50,7 +49,8 @@ def test_standard_attention_on_strided_views_with_a_padded_head_dimension(d):
 
     q, k, v = packed_views(1, 37, 2, d, seed=d + 1)
     out = standard_attention(q, k, v)
-    np.testing.assert_allclose(out.cpu().numpy(), reference(q, k, v, False)[0], atol=TOL)
+    ref_out, ref_lse = reference(q, k, v, False)
+    assert_forward_within_bounds(out, torch.from_numpy(ref_lse), q, k, v)   # its P goes through memory: no lse
 
 
 def test_launchers_allocate_only_their_outputs_for_strided_views():
