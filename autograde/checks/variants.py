@@ -42,6 +42,7 @@ def _check_rope(rotary_half_split, x, lengths, rotary_dim, label):
     what = f"rotary_half_split for {label}"
     expected = ref.rotary_left_padded(x, lengths, rotary_dim)
     found = call_unchanged(rotary_half_split, x, np.asarray(lengths), rotary_dim, what=what)
+    # float64: an angle m theta of up to ~1e3 radians rounds by 2^-53 * 1e3 ~ 1e-13, as do cos and sin
     expect_close(found, expected, what=what, atol=1e-9, hint=ROPE_HINT)
 
 
@@ -91,6 +92,7 @@ def check_rope_rotation(rotary_half_split):
             scores = real[0] @ np.swapaxes(real[1], -1, -2)
             if padding == 0:
                 base_scores = scores
+            # dot products of float64 rows of size ~1: rounding ~ d * 2^-53, far below 1e-8
             expect_close(scores, base_scores, what=f"the scores between the real tokens after {what}", atol=1e-8,
                          hint="Each sequence counts positions from its first real token, and the query and the key "
                               "of a pair turn with the same frequencies.")
@@ -293,6 +295,8 @@ def _check_slope(entropy_temperature_slope, scores, tau, label, hint):
     what = f"entropy_temperature_slope for {label}, tau={tau:g}"
     expected = ref.entropy_temperature_slope(scores, tau)
     found = call_unchanged(entropy_temperature_slope, scores, tau, what=what)
+    # float64 moments of centred scores: rounding ~ n * 2^-53 relative to the slope's terms (the
+    # centring is what keeps them small: raw moments near 1e6 lose the digits that this catches)
     expect_close(found, expected, what=what, rtol=1e-6, atol=1e-9, hint=hint)
 
 
@@ -521,6 +525,7 @@ def _check_decoder(DecoderLayer, norm_first):
             raise GradingFailure(f"{what} should be a torch.Tensor, but is {describe(found)}.")
         if not (torch.equal(before[0], x) and torch.equal(before[1], memory)):
             raise GradingFailure(f"{what}: forward modified its inputs in place.")
+        # float64 layers of width <= 16 on values ~1: rounding ~1e-14
         expect_close(found.detach().numpy(), expected, what=what, atol=1e-8,
                      hint="Self-attention is causal (token i sees tokens 0..i) over x; cross-attention takes its "
                           "queries from x and its keys and values from memory. Post-norm: x = norm1(x + self(x)); "
