@@ -15,6 +15,11 @@ A measured call reads the growth of that charge over the call:
 * cgroup v1 (the memory controller mounted on its own): `memory.max_usage_in_bytes`
   is reset to the current usage before the call and read after it.
 
+A call can also write, without a new charge, memory charged before it that
+other processes or files share: files in /tmp and /dev/shm, shared mappings,
+memory file descriptors. `shared()` is how much of it the student's processes
+hold (the cgroup's `shmem`), which a measured call is charged with as well.
+
 Where neither can be made (no root, a read-only /sys/fs/cgroup, as in some
 containers) `create` returns None and says why; autograde.memory then falls
 back to what /proc shows, which is coarser (see the instructors' guide)."""
@@ -87,6 +92,15 @@ def _remove_all():
         _remove(folder)
 
 
+def _stat(folder, name):
+    """A field of the folder's memory.stat in bytes (0 if absent)."""
+    for line in _read(os.path.join(folder, "memory.stat")).splitlines():
+        key, _, value = line.partition(" ")
+        if key == name:
+            return int(value)
+    return 0
+
+
 def _procs(folder):
     try:
         return [int(p) for p in _read(os.path.join(folder, "cgroup.procs")).split()]
@@ -124,6 +138,9 @@ class _V1:
     def end(self):
         return max(int(_read(os.path.join(self.folder, "memory.max_usage_in_bytes"))) - self.before, 0)
 
+    def shared(self):
+        return _stat(self.folder, "shmem")
+
     def close(self):
         _remove(self.folder)
 
@@ -155,6 +172,9 @@ class _V2:
             _move_all(self.call, self.idle)
             _remove(self.call)
             self.call = None
+
+    def shared(self):
+        return _stat(self.folder, "shmem")  # v2's memory.stat counts the folder's children too
 
     def close(self):
         for leaf in (self.call, self.idle):

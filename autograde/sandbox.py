@@ -26,7 +26,10 @@ student's to write, as in Jupyter, and is emptied between students.
 
 Each student process is put in a memory cgroup of its own before any of its
 code runs (autograde.cgroups): `measured_call` reads the kernel's count of
-the memory a call used, threads, children and mappings included.
+the memory a call used, threads, children and mappings included, and the
+memory its files and shared mappings held as the call began (which it may
+write again without a new charge). `files_bytes` reads, from outside, what the
+files in its private /tmp and /dev/shm take.
 
 Requests and answers are plain data (student_runtime.wire). The tests run here, in
 the grader: a student function appears as a `Remote` proxy whose calls are
@@ -50,10 +53,10 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 from autograde import cgroups
 from student_runtime import wire
-from student_runtime.audit import WRITES_FILE
 from student_runtime.layers import REPORT as LAYER_REPORT
 from student_runtime.processes import count_processes
 from student_runtime.torchless import BLOCKED as TORCH_PACKAGES, USE as TORCH_USE
@@ -79,8 +82,10 @@ GRADER_FRAME_BYTES = 256 * 2**20  # the most one answer of a student's process m
 # Reports of the audit hook that mean something only for the call or test cell
 # during which they are made (drain's callers judge them): a PyTorch layer run
 # (DecoderLayer's rule), PyTorch reached for where it does not exist (a flag
-# when a graded call did it), a file written (the memory measurement's trust).
-CALL_SCOPED = {LAYER_REPORT, TORCH_USE, WRITES_FILE}
+# when a graded call did it).
+CALL_SCOPED = {LAYER_REPORT, TORCH_USE}
+# The student's memory-backed filesystems, private to its sandbox (bwrap's --tmpfs).
+PRIVATE_FILESYSTEMS = ("/tmp", "/dev/shm")
 
 
 class SandboxLost(Exception):
@@ -190,6 +195,19 @@ def rewritten_bytes(before, after, run=1):
         else:
             total += int(changed.sum()) * 4096
     return total
+
+
+def _used_bytes(path):
+    """Bytes in use on the filesystem at `path` (statvfs: the kernel's own count)."""
+    st = os.statvfs(path)
+    return (st.f_blocks - st.f_bfree) * st.f_frsize
+
+
+class Measured(NamedTuple):
+    """A measured call, as the kernel counted it (Sandbox.measured_call)."""
+    new: int        # the peak growth of the charge over the call, less the pages it rewrote
+    rewritten: int  # bytes of memory from before the call that it wrote, in runs (a buffer)
+    shared: int     # bytes of files and shared memory the student's processes held as it began
 
 
 def host_pid(root, inner):
@@ -631,6 +649,7 @@ class Sandbox:
         self.generation = 0  # bumped at each restart; proxies of an old process are stale
         self.meter = None  # the current process's memory cgroup (autograde.cgroups), if one could be made
         self.unmetered = None  # why there is none
+        self._files_at_start = None  # bytes in use on its private /tmp and /dev/shm when it started
         self.called = set()  # names of the student functions called since `called` was last emptied
         self.forfeited = {}  # name -> why: student functions whose integrity checks failed
         self.origins = {}  # handle id -> name of the student function whose call produced it
@@ -651,6 +670,7 @@ class Sandbox:
         self.pid, fd = self.zygote.spawn(spec)
         self.host = self.zygote.host_pid(self.pid)
         self.audit_seq = 0
+        self._files_at_start = self._private_files_used()
         self._meter()
         self.writer, self.reader = _TimedPipe(os.dup(fd), self._watch), _TimedPipe(fd, self._watch)
         self.channel = wire.Channel(self.reader, self.writer, max_bytes=GRADER_FRAME_BYTES)
@@ -675,6 +695,30 @@ class Sandbox:
         except (OSError, TypeError) as exc:
             self.meter.close()
             self.meter, self.unmetered = None, f"the student's process could not be moved into its cgroup ({exc})"
+
+    def _private_files_used(self):
+        """Bytes in use on the sandbox's own /tmp and /dev/shm, seen from outside
+        through the process's root; None without namespaces (its /tmp is the
+        machine's, shared with everything else) or where /proc does not let us."""
+        if not ISOLATE or self.host is None:
+            return None
+        try:
+            return sum(_used_bytes(f"/proc/{self.host}/root{path}") for path in PRIVATE_FILESYSTEMS)
+        except OSError:
+            return None
+
+    def files_bytes(self):
+        """What the files the student's code wrote in its private /tmp and /dev/shm
+        take now (the kernel's count: the process cannot change it); None where
+        that cannot be read (see _private_files_used)."""
+        used, start = self._private_files_used(), self._files_at_start
+        return None if used is None or start is None else max(used - start, 0)
+
+    def _shared_bytes(self):
+        """Files and shared memory of the student's processes, which a call can
+        write without a new charge: the cgroup's count, or what its files take if
+        more (the cgroup's statistics are brought up to date in batches)."""
+        return max(self.meter.shared(), self.files_bytes() or 0)
 
     def _processes(self):
         """How many live processes the student's code has: those of its own
@@ -914,16 +958,17 @@ class Sandbox:
         return Remote._for(self, {"handle": handles[0]}, "function")
 
     def measured_call(self, fn, args, kwargs):
-        """(value, (new, rewritten) or None): fn(*args, **kwargs) in the
-        student's process, measured by the kernel over the call alone (the
-        arguments are sent before and the answer fetched after the measurement):
-        `new` is the peak growth of the charge of the process's memory cgroup,
-        threads and children included, less the pages the call rewrote;
-        `rewritten` the bytes of memory that existed before the call and that
-        the call wrote in runs of at least REWRITE_RUN_PAGES pages (a buffer),
-        seen as the pages it copied from a process that holds the memory as it
-        was (student_runtime.server's `hold`). None where the process has no
-        cgroup (`unmetered` says why)."""
+        """(value, Measured or None): fn(*args, **kwargs) in the student's
+        process, measured by the kernel over the call alone (the arguments are
+        sent before and the answer fetched after the measurement): `new` is the
+        peak growth of the charge of the process's memory cgroup, threads and
+        children included, less the pages the call rewrote; `rewritten` the bytes
+        of memory that existed before the call and that the call wrote in runs of
+        at least REWRITE_RUN_PAGES pages (a buffer), seen as the pages it copied
+        from a process that holds the memory as it was (student_runtime.server's
+        `hold`); `shared` the files and shared memory the student's processes
+        held as the call began, whose pages no copy reveals (_shared_bytes).
+        None where the process has no cgroup (`unmetered` says why)."""
         self.callbacks, self.callback_data_limit = {}, None
         values = list(args) + list(kwargs.values())
         target = self._target_of(fn)
@@ -946,6 +991,7 @@ class Sandbox:
                 self.sightings.append({"what": "changes the grader's helpers in its process", "cell": "",
                                        "detail": "a measured call ran without the process that holds its memory"})
             frames = page_frames(self.host)
+            shared = self._shared_bytes()
             meter.begin()
         try:
             reply, _ = self.request(header)
@@ -957,7 +1003,8 @@ class Sandbox:
                 # Every copied page was charged; only runs of them are a buffer being
                 # written (the interpreter's own writes are scattered pages).
                 copied = rewritten_bytes(frames, after)
-                measured = (max(charged - copied, 0), rewritten_bytes(frames, after, REWRITE_RUN_PAGES))
+                measured = Measured(max(charged - copied, 0), rewritten_bytes(frames, after, REWRITE_RUN_PAGES),
+                                    shared)
             if holder:
                 with contextlib.suppress(OSError):
                     os.kill(holder, signal.SIGKILL)

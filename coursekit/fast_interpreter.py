@@ -16,11 +16,26 @@ tests/test_fast_interpreter.py). install() is idempotent;
 coursekit.kernel_replay calls it as it is imported, before it notes the
 interpreter's functions (a replay refuses to run through functions rebound after
 that), and coursekit.triton_env.triton_device calls it when kernels are to be
-interpreted."""
+interpreted.
+
+Both patches replace private functions of the interpreter of Triton 3.9.0, the
+version requirements.txt pins. Under any other version, or where a name they
+replace is missing, install() leaves the interpreter as shipped (the same
+results, more slowly) and says so once per process on stderr."""
 import dataclasses
+import sys
+
+WRITTEN_FOR = "3.9.0"   # the Triton whose interpreter these patches were written against
+_said = False           # whether the fallback has been reported in this process
 
 
 def install():
+    """Make Triton's interpreter skip its wasted work, if this Triton is the one
+    the patches were written for; otherwise leave it as shipped and say so once."""
+    problem = _unsupported()
+    if problem:
+        _say_once(problem)
+        return
     from triton.runtime import interpreter
 
     if getattr(interpreter._patch_lang, "_course_fast", False):
@@ -55,3 +70,34 @@ def install():
     options = interpreter.interpreter_builder.options
     if not options.debug:
         interpreter.interpreter_builder.options = dataclasses.replace(options, sanitize_overflow=False)
+
+
+def _unsupported():
+    """Why the patches cannot be applied to this Triton, in words, or None."""
+    try:
+        import triton
+        from triton.runtime import interpreter
+    except Exception as exc:          # not only ImportError: a broken installation may raise anything
+        return f"Triton's interpreter could not be imported ({type(exc).__name__}: {exc})"
+    version = getattr(triton, "__version__", "unknown")
+    if version != WRITTEN_FOR:        # private functions change between releases, without notice
+        return f"written for Triton {WRITTEN_FOR}, found Triton {version}"
+    options = getattr(getattr(interpreter, "interpreter_builder", None), "options", None)
+    fields = {f.name for f in dataclasses.fields(options)} if dataclasses.is_dataclass(options) else set()
+    found = {"_patch_lang": hasattr(interpreter, "_patch_lang"),
+             "_LangPatchScope": hasattr(interpreter, "_LangPatchScope"),
+             "GridExecutor.__call__": "__call__" in vars(getattr(interpreter, "GridExecutor", object)),
+             "interpreter_builder.options.debug": "debug" in fields,
+             "interpreter_builder.options.sanitize_overflow": "sanitize_overflow" in fields}
+    missing = [name for name, present in found.items() if not present]
+    if missing:
+        return f"Triton {version}'s interpreter has no {', '.join(missing)}"
+    return None
+
+
+def _say_once(problem):
+    global _said
+    if not _said:
+        _said = True
+        print(f"coursekit.fast_interpreter: {problem}; Triton's interpreter runs as shipped "
+              "(the same results, more slowly).", file=sys.stderr)

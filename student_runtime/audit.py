@@ -23,10 +23,6 @@ NATIVE_EVENTS = {"ctypes.dlopen", "ctypes.dlsym", "ctypes.addressof", "ctypes.cd
 # Raised with sys.audit(REPORTED, what, detail) by the grader's code in this
 # process (student_runtime.server, .torchless, .layers); never limited in number.
 REPORTED = "student_runtime.report"
-# A file written or mapped: memory (in /tmp, which is memory) that the kernel
-# charged before a measured call may be written again during it unseen, so a
-# measured call that does this is not trusted (autograde.memory).
-WRITES_FILE = "writes or maps a file"
 LIMIT = 200  # sightings of each other kind written per process; past that the report is long enough
 
 
@@ -87,11 +83,6 @@ def install(fd, home, readable):
                 path = fsdecode(path)
             if isinstance(path, str) and outside(path, args):
                 report("opens a file outside its folder", path)
-            elif isinstance(path, str) and _writes(args):
-                report(WRITES_FILE, path, limited=False)  # the grader reads it around measured calls only
-        elif event == "mmap.__new__":
-            if args and isinstance(args[0], int) and args[0] >= 0:
-                report(WRITES_FILE, f"a mapping of file descriptor {args[0]}", limited=False)
         elif event in PROCESS_EVENTS:
             if event != "os.fork" or student_cell():  # the server forks to hold memory for a measurement
                 report("starts a process", event)

@@ -597,13 +597,55 @@ def softmax_jvp(x, u, axis=-1):
 
 def jacobian_in_a_tmp_file(release, source, out):
     """The full Jacobian in a memory-mapped file under /tmp (memory-backed),
-    which neither tracemalloc nor the resident set of the process counts as its own."""
+    which neither tracemalloc nor the resident set of the process counts as its own
+    (the kernel does: /tmp is memory, and its files are the student's)."""
     return _with(release, source, {"softmax_jvp": JACOBIAN + """
 def softmax_jvp(x, u, axis=-1):
     def product(p, v):
         n = p.shape[-1]
         jac = np.memmap("/tmp/jacobian.bin", dtype=np.float64, mode="w+", shape=(n, n))
         return _jacobian_product(p, v, out=jac)
+    return _by_slices(x, u, axis, product)
+"""})
+
+
+def jacobian_in_a_kept_shared_mapping(release, source, out):
+    """The full Jacobian written into an anonymous shared mapping made when the
+    cell ran: no page of it is charged again, or copied, during the call."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+import mmap
+
+_KEPT = np.frombuffer(mmap.mmap(-1, 2048 * 2048 * 8), dtype=np.float64).reshape(2048, 2048)
+_KEPT[:] = 0.0
+
+def softmax_jvp(x, u, axis=-1):
+    def product(p, v):
+        n = p.shape[-1]
+        return _jacobian_product(p, v, out=_KEPT[:n, :n])
+    return _by_slices(x, u, axis, product)
+"""})
+
+
+def jacobian_through_a_file_kept_open(release, source, out):
+    """The full Jacobian written, a row at a time, into a file under /tmp opened
+    (and filled) when the cell ran, and read back the same way: the process never
+    holds more than a row, opens nothing during the call, and the file's pages
+    were charged before it."""
+    return _with(release, source, {"softmax_jvp": JACOBIAN + """
+import os
+
+_FILE = open("/tmp/jacobian.bin", "w+b")
+_FILE.write(bytes(2048 * 2048 * 8))
+_FILE.flush()
+
+def softmax_jvp(x, u, axis=-1):
+    def product(p, v):
+        n, fd = p.shape[-1], _FILE.fileno()
+        for i in range(n):
+            row = -p[i] * p
+            row[i] += p[i]
+            os.pwrite(fd, row.tobytes(), i * n * 8)
+        return np.array([np.frombuffer(os.pread(fd, n * 8, i * n * 8)) @ v for i in range(n)])
     return _by_slices(x, u, axis, product)
 """})
 
@@ -663,6 +705,19 @@ assert open("/tmp/attention_notes.txt").read().startswith("softmax")
 """})
 
 
+def honest_notes_in_a_measured_call(release, source, out):
+    """An honest softmax_jvp that appends a line to a log under /tmp each time it
+    is called, the call whose memory is measured included: a few bytes of /tmp,
+    counted as memory like any other."""
+    return _with(release, source, {"softmax_jvp": """
+def softmax_jvp(x, u, axis=-1):
+    p = softmax(x, axis=axis)
+    with open("/tmp/softmax_jvp.log", "a") as log:
+        log.write(f"softmax_jvp on {x.shape}, axis {axis}\\n")
+    return p * (u - np.sum(p * u, axis=axis, keepdims=True))
+"""})
+
+
 ATTACKS = {f.__name__: f for f in (
     allclose_patch, always_equal, always_equal_object, input_transformer, grading_marker, reads_hidden_tests,
     writes_gradebook, loops_in_function, memory_bomb, fork_bomb, stderr_warnings, deletes_test_cells,
@@ -670,8 +725,9 @@ ATTACKS = {f.__name__: f for f in (
     imports_references, imports_checks_dynamically, reads_solutions, copies_a_classmate, opens_the_network,
     drops_a_file_for_others, picks_up_a_dropped_file, fills_the_disk, zeroes_its_inputs, _scratch("a"),
     _scratch("b"), torch_in_a_thread, torch_when_unwatched, rebinds_the_numpy_probe, jacobian_in_a_thread,
-    jacobian_in_a_forked_child, jacobian_in_a_kept_buffer, jacobian_in_a_tmp_file, rewrites_the_memory_probe,
-    tampers_while_graded, calls_back_with_a_huge_input, honest_scratch_in_tmp)}
+    jacobian_in_a_forked_child, jacobian_in_a_kept_buffer, jacobian_in_a_tmp_file, jacobian_in_a_kept_shared_mapping,
+    jacobian_through_a_file_kept_open, rewrites_the_memory_probe, tampers_while_graded, calls_back_with_a_huge_input,
+    honest_scratch_in_tmp, honest_notes_in_a_measured_call)}
 
 
 # ------------------------------------------------------------------ Chapter 2: the same mechanisms, another notebook

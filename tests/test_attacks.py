@@ -66,7 +66,8 @@ EXPECTED = {
     "opens_the_network": (set(), {"sandbox: uses the network"}),
     "drops_a_file_for_others": (set(), {"sandbox: opens a file outside its folder"}),
     "picks_up_a_dropped_file": (SOFTMAX | SDPA | MHA | JVP, set()),
-    "fills_the_disk": (set(), set()),
+    # Its files fill the private /tmp (512 MiB), which is memory: the measured call is charged with them.
+    "fills_the_disk": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
     "zeroes_its_inputs": (SOFTMAX | SDPA | MHA | JVP, set()),
     "honest_scratch_a": (set(), set()),
     "honest_scratch_b": (set(), set()),
@@ -80,9 +81,11 @@ EXPECTED = {
     "jacobian_in_a_thread": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
     "jacobian_in_a_forked_child": ({"test_softmax_jvp_hidden"}, {DISAGREE, "sandbox: calls native code (ctypes)"}),
     "jacobian_in_a_kept_buffer": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
-    # Memory in a file can be used again unseen: no test of the function counts.
-    "jacobian_in_a_tmp_file": ({"test_softmax_jvp", "test_softmax_jvp_hidden"},
-                               {"sandbox: writes or maps a file during a measured call"}),
+    # Memory in files and shared mappings, made during the call or kept from a cell: every measured
+    # call is charged with the student's files and shared memory, so only the memory cell is lost.
+    "jacobian_in_a_tmp_file": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    "jacobian_in_a_kept_shared_mapping": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
+    "jacobian_through_a_file_kept_open": ({"test_softmax_jvp_hidden"}, {DISAGREE}),
     "rewrites_the_memory_probe": ({"test_softmax_jvp_hidden"},
                                   {"sandbox: replaces the code of a function", HELPERS_CHANGED}),
     # The grader's helpers changed while a test cell ran: that cell earns nothing.
@@ -90,6 +93,7 @@ EXPECTED = {
     # The grader's own function, called back on an input whose scores need gigabytes: bounded.
     "calls_back_with_a_huge_input": (ATTENTION_CHECKS, {"sandbox: makes a grader function exceed its bounds"}),
     "honest_scratch_in_tmp": (set(), set()),
+    "honest_notes_in_a_measured_call": (set(), set()),
 }
 HONEST = ("honest_a", "honest_b", "honest_c")
 
@@ -163,7 +167,8 @@ def test_the_gradebook_survives_an_attempt_to_rewrite_it(batch):
     assert exported["honest_a"] == sum(POINTS.values())
 
 
-@pytest.mark.parametrize("student", ["honest_scratch_a", "honest_scratch_b", "honest_scratch_in_tmp"])
+@pytest.mark.parametrize("student", ["honest_scratch_a", "honest_scratch_b", "honest_scratch_in_tmp",
+                                     "honest_notes_in_a_measured_call"])
 def test_scratch_files_and_helper_modules_are_private_and_unflagged(batch, student):
     assert student not in {s for s, _ in batch["flags"]}
 

@@ -1,7 +1,9 @@
 """coursekit.fast_interpreter: kernels give the same results and raise the same
 errors as under Triton's interpreter as shipped (run in a process of its own,
-where nothing installs it), while the wasted work is gone; and the replay of
-kernels accepts the interpreter it installs."""
+where nothing installs it), while the wasted work is gone; the replay of
+kernels accepts the interpreter it installs; and under a Triton it was not
+written for (another version, or a private name missing) it leaves the
+interpreter as shipped and says so once."""
 import json
 import subprocess
 import sys
@@ -56,6 +58,12 @@ KERNELS = textwrap.dedent('''
     if sys.argv[1] == "fast":           # after the counters: it calls the counted _patch_lang
         from coursekit.fast_interpreter import install
         install()
+    elif sys.argv[1] == "other_version":  # a Triton the patches were not written for
+        triton.__version__ = "3.8.0"
+        from coursekit.fast_interpreter import install
+        install()
+        from coursekit.triton_env import triton_device
+        triton_device(quiet=True)       # installs again: still said once
 
     x = torch.from_numpy(np.random.default_rng(0).standard_normal((5, 37)).astype(np.float32))
     out = torch.empty(5, 16)
@@ -75,7 +83,7 @@ def _run(mode, tmp_path):
     proc = subprocess.run([sys.executable, str(script), mode], capture_output=True, text=True, timeout=300,
                           env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin"})
     assert proc.returncode == 0, proc.stderr[-3000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    return {**json.loads(proc.stdout.strip().splitlines()[-1]), "stderr": proc.stderr}
 
 
 def test_results_and_errors_are_those_of_the_interpreter_as_shipped(tmp_path):
@@ -87,6 +95,30 @@ def test_results_and_errors_are_those_of_the_interpreter_as_shipped(tmp_path):
     assert shipped["patch_lang"] > 20 and shipped["sanitize"] > 20
     # Installed: once per launch and once for the module the helpers see (tl.core), no check.
     assert fast["patch_lang"] <= 4 and fast["sanitize"] == 0
+
+
+def test_another_triton_keeps_the_interpreter_as_shipped_and_says_so_once(tmp_path):
+    shipped, other = _run("shipped", tmp_path), _run("other_version", tmp_path)
+    assert other["out"] == shipped["out"] and other["error"] == shipped["error"]
+    # Nothing replaced: the interpreter does all its work, as shipped.
+    assert (other["patch_lang"], other["sanitize"]) == (shipped["patch_lang"], shipped["sanitize"])
+    assert other["stderr"].count("coursekit.fast_interpreter:") == 1, other["stderr"]
+    assert "found Triton 3.8.0" in other["stderr"] and "as shipped" in other["stderr"]
+
+
+def test_an_interpreter_without_a_patched_name_is_left_as_shipped():
+    code = ("from triton.runtime import interpreter\n"
+            "launch, patch_lang = interpreter.GridExecutor.__call__, interpreter._patch_lang\n"
+            "del interpreter._LangPatchScope\n"
+            "from coursekit.fast_interpreter import install\n"
+            "install(); install()\n"
+            "print(interpreter.GridExecutor.__call__ is launch, interpreter._patch_lang is patch_lang)")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+                          env={"PYTHONPATH": str(REPO), "PATH": "/usr/bin:/bin", "TRITON_INTERPRET": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.split() == ["True", "True"]
+    assert proc.stderr.count("coursekit.fast_interpreter:") == 1, proc.stderr
+    assert "has no _LangPatchScope" in proc.stderr
 
 
 @pytest.mark.parametrize("first", ["triton_env", "kernel_replay"])

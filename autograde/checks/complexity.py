@@ -3,7 +3,7 @@ import numpy as np
 
 from autograde.compare import (GradingFailure, call, call_unchanged, expect_close, expect_int, expect_value_error,
                                numpy_only)
-from autograde.memory import traced_peak
+from autograde.memory import GRANULARITY_BYTES, traced_peak
 from autograde.reference import complexity as ref
 
 # The functions these checks grade as NumPy code: their hidden tests call them in the student's
@@ -258,7 +258,11 @@ def _check_output(fn, inputs, expected, what, hint):
 def _check_memory(fn, make_inputs, expected_fn, label, sizes=(1024, 4096)):
     """Peak traced memory must grow about linearly in n: from n to 4n, a linear
     algorithm's peak grows about 4x, one that builds an n x n array about 16x.
-    The output must also be right at these sizes."""
+    The output must also be right at these sizes. A linear algorithm's peaks are
+    a fraction of a MiB here, and the kernel's count of a call can exceed that by
+    its granularity: growth is measured from no less than GRANULARITY_BYTES, and
+    an n x n array (8 MiB of float64 at n = 1024, 16 MiB of booleans at n = 4096)
+    is caught above it either way."""
     peaks = []
     for n in sizes:
         inputs = make_inputs(n)
@@ -267,7 +271,7 @@ def _check_memory(fn, make_inputs, expected_fn, label, sizes=(1024, 4096)):
         found, peak = traced_peak(call, fn, *inputs, what=what)
         expect_close(found, expected, what=what)
         peaks.append(peak)
-    growth = peaks[1] / max(peaks[0], 1)
+    growth = peaks[1] / max(peaks[0], GRANULARITY_BYTES)
     n_big = sizes[1]
     if peaks[1] >= n_big * n_big or growth > 8:
         raise GradingFailure(
@@ -426,7 +430,9 @@ def check_causal_linear_chunked(causal_linear_attention):
         found, peaks[chunk] = traced_peak(call, causal_linear_attention, q, k, v, chunk, what=what)
         expect_close(found, ref.causal_linear_attention(q, k, v, chunk), what=what, hint=CAUSAL_HINT)
     block = large * large * 8  # one float64 block of a chunk's size
-    if peaks[large] - peaks[small] < block // 4:
+    # Half a block (4 MiB): more than the kernel's count of either call may add to what it
+    # allocates (GRANULARITY_BYTES), so that count decides the verdict neither way.
+    if peaks[large] - peaks[small] < block // 2:
         raise GradingFailure(
             f"causal_linear_attention for n={n}: the peak memory was {peaks[small] / 2**20:.2f} MiB with "
             f"chunk={small} and {peaks[large] / 2**20:.2f} MiB with chunk={large}, so no {large} x {large} causal "
