@@ -1,17 +1,25 @@
-"""Benchmark of the FlashAttention kernels. With a CUDA GPU: TFLOP/s and peak
-memory of the chapter's teaching kernel, its tuned version
+"""Benchmark of the FlashAttention kernels on this machine.
+
+With a CUDA GPU: the rate of one large float16 matrix product by torch.matmul,
+measured first as the run's matrix-product peak; then TFLOP/s (and their share of
+that peak) and peak memory of the chapter's teaching kernel, its tuned version
 (bookutils.flash_tuned), PyTorch's scaled_dot_product_attention with its
 FlashAttention backend pinned, and naive PyTorch attention; then forward plus
-backward TFLOP/s and decoding latency against that backend. Without one: the
-peak CPU memory of the same computations (the kernels under Triton's
-interpreter). The backward and decoding kernels measured are the instructor's
-solutions of the chapter's exercises: where the course's grading package is
-absent (the student release) their rows are left out, and the output says why.
-`--save FILE` writes every row, with the device, driver, library versions and
-date, as JSON (bookutils.results); `--compile` prints instead what Triton's
-compiler makes of every kernel for a T4, an A100, an L4 and an H100
+backward TFLOP/s and decoding latency against that backend (which is given the
+unexpanded grouped-query caches with enable_gqa=True, or, where it refuses them,
+caches expanded to one head per query head, and the row's method says so). Without one: the peak CPU memory of the same
+computations (the kernels under Triton's interpreter). The backward and decoding
+kernels measured are the instructor's solutions of the chapter's exercises: where
+the course's grading package is absent (the student release) their rows are left
+out, and the output says why. `--head-dim D` sets the head width of the forward
+and forward + backward tables (64 by default; the decoding step keeps Mistral 7B's
+128). `--save FILE` writes every row, with the device, driver, library versions,
+date and commit, as JSON (bookutils.results); `--compile` prints instead what
+Triton's compiler makes of every kernel for a T4, an A100, an L4 and an H100
 (coursekit.compile_report), which needs no GPU.
-Run as `python -m bookutils.benchmark` (the README's `./scripts/benchmark`)."""
+Run as `python -m bookutils.benchmark` (the README's `./scripts/benchmark`). It
+imports only torch, triton, numpy and the course's own packages, so a GPU machine
+can run a copy of the tree with PYTHONPATH alone."""
 import argparse
 import math
 
@@ -19,7 +27,7 @@ import torch
 
 from coursekit.memory import traced_peak
 from bookutils.backward import backward_flops, forward_flops
-from bookutils.flash_tuned import flash_forward_tuned
+from bookutils.flash_tuned import MAX_HEAD, flash_forward_tuned
 from bookutils.triton_kernels import DEVICE, flash_forward
 
 # The benchmark's shapes, one place for the code, the book and the compile report
@@ -124,13 +132,37 @@ def gpu_rows(sizes=(512, 1024, 2048, 4096, 8192), batch=BATCH, heads=HEADS, d=HE
     return rows
 
 
-def sdpa_flash_gqa(q, k_cache, v_cache):
-    """One decoding step by SDPA's FlashAttention backend, with the caches already
-    expanded to one head per query head (that copy is made outside the timing)."""
+def sdpa_flash_decode(q, k_cache, v_cache, enable_gqa=True):
+    """One decoding step by SDPA's FlashAttention backend: q (batch, heads, d) against
+    caches (batch, kv_heads, length, d). With enable_gqa (PyTorch 2.5 and later) the
+    backend reads the grouped-query caches as they are, each key-value head serving
+    its group of query heads; without it, the caches must already be expanded to one
+    head per query head."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    extra = {"enable_gqa": True} if enable_gqa else {}
     with sdpa_kernel(SDPBackend.FLASH_ATTENTION):
-        return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache)[:, :, 0]
+        return torch.nn.functional.scaled_dot_product_attention(q[:, :, None], k_cache, v_cache, **extra)[:, :, 0]
+
+
+SDPA_DECODE = "SDPA, FLASH_ATTENTION backend, enable_gqa"
+
+
+def sdpa_decode_call(q, k_cache, v_cache):
+    """(method name, call) for SDPA's decoding step: the unexpanded caches with
+    enable_gqa=True, or, where this PyTorch or this backend refuses them (tried once
+    here, outside any timing), caches expanded to one head per query head with
+    repeat_interleave, which reads the group's cache once per query head; the name
+    says which, and why."""
+    try:
+        sdpa_flash_decode(q, k_cache, v_cache)
+        return SDPA_DECODE, lambda: sdpa_flash_decode(q, k_cache, v_cache)
+    except (RuntimeError, TypeError) as err:          # TypeError: a PyTorch without enable_gqa
+        group = q.shape[1] // k_cache.shape[1]
+        expanded = [c.repeat_interleave(group, dim=1) for c in (k_cache, v_cache)]
+        why = str(err).strip().splitlines()[0][:60] if str(err).strip() else type(err).__name__
+        name = f"SDPA, FLASH_ATTENTION backend, caches expanded {group}x (enable_gqa refused: {why})"
+        return name, lambda: sdpa_flash_decode(q, *expanded, enable_gqa=False)
 
 
 def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=BATCH, heads=HEADS, d=HEAD_DIM, dtype=torch.float16,
@@ -168,15 +200,25 @@ def decode_rows(kernels, lengths=(1024, 8192, 32768), batches=(1, 8), heads=32, 
         for length in lengths:
             q = torch.randn(batch, heads, d, device=device, dtype=dtype)
             k_cache, v_cache = (torch.randn(batch, kv_heads, length, d, device=device, dtype=dtype) for _ in range(2))
-            expanded = [c.repeat_interleave(heads // kv_heads, dim=1) for c in (k_cache, v_cache)]
-            calls = {"SDPA, FLASH_ATTENTION backend": lambda: sdpa_flash_gqa(q, *expanded)}
+            name, call = sdpa_decode_call(q, k_cache, v_cache)
+            calls = {name: call}
             if kernels is not None:
                 lens = torch.full((batch,), length, device=device, dtype=torch.int32)
                 calls["instructor's split-K kernels"] = lambda: kernels.decode_attention(q, k_cache, v_cache, lens)
             for name, call in calls.items():
                 rows.append({"method": name, "batch": batch, "length": length, "us": 1e3 * timer(call)})
-            del expanded
+            del calls
     return rows
+
+
+def matmul_peak(size=8192, dtype=torch.float16, timer=None):
+    """The matrix-product rate of this GPU in this run: one size x size x size
+    product by torch.matmul (2 size^3 FLOPs), as a row with milliseconds and TFLOP/s."""
+    timer = timer or _do_bench
+    a, b = (torch.randn(size, size, device="cuda", dtype=dtype) for _ in range(2))
+    ms = timer(lambda: a @ b)
+    return {"method": f"torch.matmul, {str(dtype).removeprefix('torch.')}", "n": size, "ms": ms,
+            "tflops": 2 * size**3 / (ms / 1e3) / 1e12}
 
 
 def _do_bench(fn):
@@ -229,10 +271,13 @@ def _print_table(rows, columns):
 
 FORWARD_COLUMNS = [("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
                    ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8),
+                   ("of matmul", lambda r: f"{r['matmul_share']:.0%}", 9),
                    ("peak MiB", lambda r: f"{r['peak_mib']:.1f}", 9)]
+MATMUL_COLUMNS = [("method", lambda r: r["method"], 30), ("n", lambda r: r["n"], 6),
+                  ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8)]
 TRAINING_COLUMNS = [("method", lambda r: r["method"], 38), ("n", lambda r: r["n"], 6),
                     ("ms", lambda r: f"{r['ms']:.3f}", 9), ("TFLOP/s", lambda r: f"{r['tflops']:.1f}", 8)]
-DECODE_COLUMNS = [("method", lambda r: r["method"], 30), ("batch", lambda r: r["batch"], 6),
+DECODE_COLUMNS = [("method", lambda r: r["method"], 42), ("batch", lambda r: r["batch"], 6),
                   ("cache", lambda r: r["length"], 7), ("us", lambda r: f"{r['us']:.1f}", 9)]
 CPU_COLUMNS = [("method", lambda r: r["method"], 34), ("n", lambda r: r["n"], 6),
                ("peak KiB", lambda r: f"{r['peak_bytes'] / 1024:.0f}", 10),
@@ -256,39 +301,51 @@ def main(argv=None):
 
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--causal", action="store_true", help="causal attention (FLOPs halved)")
-    parser.add_argument("--save", metavar="FILE", help="also write every row, the device and the versions as JSON")
+    parser.add_argument("--head-dim", type=int, default=HEAD_DIM, metavar="D",
+                        help=f"head width d of the forward and forward + backward tables (default {HEAD_DIM})")
+    parser.add_argument("--save", metavar="FILE",
+                        help="also write every row, the device, the versions and the commit as JSON")
     parser.add_argument("--compile", action="store_true",
                         help="print the compile report of every kernel for T4, A100, L4 and H100 instead")
     args = parser.parse_args(argv)
     if args.compile:
         compile_table()
         return
+    d = args.head_dim
+    if d < 1 or (DEVICE == "cuda" and d > MAX_HEAD):
+        parser.error(f"--head-dim must be between 1 and {MAX_HEAD} (the tuned kernel's widest head), got {d}")
     tables = {}
     kernels, why = solution_kernels()
-    shapes = f"float16, batch {BATCH}, {HEADS} heads, d = {HEAD_DIM}"
+    shapes = f"float16, batch {BATCH}, {HEADS} heads, d = {d}"
     if DEVICE == "cuda":
-        print(f"GPU: {torch.cuda.get_device_name()}; {shapes}, causal={args.causal}")
-        tables["forward"] = gpu_rows(causal=args.causal)
+        print(f"GPU: {torch.cuda.get_device_name()}; matrix-product peak of this run:")
+        tables["matmul"] = [matmul_peak()]
+        _print_table(tables["matmul"], MATMUL_COLUMNS)
+        peak = tables["matmul"][0]["tflops"]
+        print(f"\nForward: {shapes}, causal={args.causal}; 'of matmul' is each row's share of {peak:.1f} TFLOP/s")
+        tables["forward"] = gpu_rows(d=d, causal=args.causal)
+        for row in tables["forward"]:
+            row["matmul_share"] = row["tflops"] / peak
         _print_table(tables["forward"], FORWARD_COLUMNS)
         print(f"\nForward + backward: {shapes}, causal={args.causal}")
-        tables["forward_backward"] = training_rows(kernels, causal=args.causal)
+        tables["forward_backward"] = training_rows(kernels, d=d, causal=args.causal)
         _print_table(tables["forward_backward"], TRAINING_COLUMNS)
         print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
         tables["decode"] = decode_rows(kernels)
         _print_table(tables["decode"], DECODE_COLUMNS)
     else:
-        print("No GPU: peak CPU memory of one head (d = 64, float32); the kernel runs in Triton's interpreter.")
-        tables["cpu_memory"] = cpu_rows()
+        print(f"No GPU: peak CPU memory of one head (d = {d}, float32); the kernel runs in Triton's interpreter.")
+        tables["cpu_memory"] = cpu_rows(d=d)
         _print_table(tables["cpu_memory"], CPU_COLUMNS)
         if kernels is not None:
-            print("\nBackward pass: peak CPU memory of one head (d = 64, float32).")
-            tables["cpu_backward_memory"] = cpu_backward_rows(kernels)
+            print(f"\nBackward pass: peak CPU memory of one head (d = {d}, float32).")
+            tables["cpu_backward_memory"] = cpu_backward_rows(kernels, d=d)
             _print_table(tables["cpu_backward_memory"], CPU_COLUMNS)
     if kernels is None:
         print(f"\nBackward and decoding rows left out: {why}.")
     if args.save:
         results.save(args.save, tables, {"causal": args.causal, "dtype": "float16" if DEVICE == "cuda" else "float32",
-                                          "solution_kernels": kernels is not None})
+                                          "head_dim": d, "solution_kernels": kernels is not None})
         print(f"\nSaved to {args.save}.")
 
 

@@ -1,7 +1,9 @@
 """Benchmark results as data: `./scripts/benchmark --save FILE` writes one JSON
-file with every row and where and when they were measured (device, driver,
-library versions, date); the book's benchmark page plots the files committed
-under book/flash/results/. A file records exactly what one run printed."""
+file with every row and where, when and with what they were measured (device,
+driver, library versions, date, and the commit of the course's code that ran);
+the book's benchmark page plots the files committed under book/flash/results/.
+A file records exactly what one run printed. Files written before the commit was
+recorded have no "commit" field and load all the same."""
 import datetime
 import json
 import platform
@@ -28,8 +30,26 @@ def _driver_version():
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else None
 
 
+def _commit():
+    """The short hash of the checkout's HEAD, or None where it is not a git
+    repository or git is missing (a GPU machine may run a copy of the tree with
+    PYTHONPATH alone)."""
+    tool = shutil.which("git")
+    if tool is None:
+        return None
+    try:
+        out = subprocess.run([tool, "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                             capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None
+
+
 def environment():
-    """Where and when: the device, its driver, the library versions, the date (UTC)."""
+    """Where, when and with what: the device, its driver, the library versions,
+    the date (UTC) and the commit of the code (None where unknown)."""
     import numpy
     import triton
 
@@ -43,7 +63,8 @@ def environment():
     return {"device": device,
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "triton": triton.__version__, "numpy": numpy.__version__},
-            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "commit": _commit()}
 
 
 def save(path, tables, settings):
@@ -66,10 +87,18 @@ def load(folder=RESULTS_DIR):
 
 
 def label(record):
-    """Where and when, in words: 'NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.4), 2026-05-01 UTC'."""
+    """Where, when and with what, in words: 'NVIDIA H200 (driver 580.159.04, CUDA 13.0),
+    2026-11-28 UTC, commit 934c292, PyTorch 2.11.0+cu130, Triton 3.6.0'. The commit and
+    the versions are left out where the file has none."""
     device = record["device"]
     details = ", ".join(f"{word} {device[k]}" for k, word in (("driver", "driver"), ("cuda", "CUDA")) if device.get(k))
-    return f"{device['name']}{f' ({details})' if details else ''}, {record['date'][:10]} UTC"
+    versions = record.get("versions", {})
+    parts = [f"{device['name']}{f' ({details})' if details else ''}", f"{record['date'][:10]} UTC"]
+    if record.get("commit"):
+        parts.append(f"commit {record['commit']}")
+    parts += [f"{name} {versions[key]}" for key, name in (("torch", "PyTorch"), ("triton", "Triton"))
+              if versions.get(key)]
+    return ", ".join(parts)
 
 
 def gpu_records(folder=RESULTS_DIR):
@@ -92,7 +121,9 @@ def forward_figure(records):
         ax.set_xlabel("sequence length $N$")
         ax.set_ylabel("TFLOP/s")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{label(record)}\ncausal={record['settings']['causal']} ({name})", fontsize=8)
+        where, _, what = label(record).partition(" UTC, ")     # two lines: where and when, then with what
+        title = f"{where} UTC\n{what}" if what else where
+        ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=7)
         ax.legend(fontsize=7)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()

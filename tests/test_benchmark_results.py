@@ -1,15 +1,19 @@
 """Benchmark results as data (bookutils.results): `--save` writes the device, the
-driver, the versions, the date and every row; the benchmark page reads back only
-the files measured on a GPU, labels each with where and when, and draws one
-panel per file. GPU files are made up here (no GPU): the page never shows one
-unless it is committed."""
+driver, the versions, the date, the commit and every row; the benchmark page reads
+back only the files measured on a GPU, labels each with where, when and with what,
+and draws one panel per file. GPU files are made up here (no GPU): the page never
+shows one unless it is committed. Files written before the commit was recorded
+load and are labelled without it."""
 import json
+import shutil
+import subprocess
 
 import matplotlib
 import pytest
 import torch
 
 from bookutils import results
+from tests.conftest import REPO
 
 matplotlib.use("Agg")
 
@@ -29,6 +33,20 @@ def test_save_records_where_and_when_and_every_row(tmp_path):
     assert again == record and again["tables"] == tables and again["settings"] == {"causal": True}
     assert again["versions"]["torch"] == torch.__version__ and again["device"]["type"] in ("cpu", "cuda")
     assert again["date"].endswith("+00:00")                         # UTC, with the time
+    assert again["commit"] == _head()                               # the checkout's HEAD, or None without git
+
+
+def _head():
+    git = shutil.which("git")
+    if git is None:
+        return None
+    out = subprocess.run([git, "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def test_without_git_the_commit_is_none(monkeypatch):
+    monkeypatch.setattr(results.shutil, "which", lambda name: None)
+    assert results.environment()["commit"] is None
 
 
 def test_only_gpu_files_are_read_back_oldest_first(tmp_path):
@@ -40,7 +58,26 @@ def test_only_gpu_files_are_read_back_oldest_first(tmp_path):
     (tmp_path / "old.json").write_text(json.dumps({**cpu, "format": 0}))
     found = results.gpu_records(tmp_path)
     assert [name for name, _ in found] == ["b.json", "a.json"]
-    assert results.label(found[0][1]) == "NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.4), 2026-03-02 UTC"
+    assert results.label(found[0][1]) == ("NVIDIA H100 80GB HBM3 (driver 550.54, CUDA 12.4), 2026-03-02 UTC, "
+                                          "PyTorch x, Triton y")            # no commit field: an older file
+
+
+def test_the_label_says_the_commit_and_the_versions():
+    record = {**_gpu_record("NVIDIA H200", "2026-11-28T18:19:33+00:00"), "commit": "934c292"}
+    record["device"].update(driver="580.159.04", cuda="13.0")
+    record["versions"] = {"torch": "2.11.0+cu130", "triton": "3.6.0"}
+    assert results.label(record) == ("NVIDIA H200 (driver 580.159.04, CUDA 13.0), 2026-11-28 UTC, commit 934c292, "
+                                     "PyTorch 2.11.0+cu130, Triton 3.6.0")
+
+
+def test_the_committed_h200_files_load_with_their_commit():
+    found = dict(results.gpu_records())
+    for kind, causal in (("noncausal", False), ("causal", True)):
+        record = found[f"2026-11-28-h200-{kind}.json"]
+        assert record["commit"] == "934c292" and record["settings"]["causal"] is causal
+        assert results.label(record).startswith("NVIDIA H200 (driver 580.159.04, CUDA 13.0), 2026-11-28 UTC, "
+                                                "commit 934c292, PyTorch 2.11.0+cu130, Triton 3.6.0")
+        assert {"forward", "forward_backward", "decode"} <= set(record["tables"])
 
 
 def test_the_committed_results_figure_has_a_labelled_panel_per_file(tmp_path):

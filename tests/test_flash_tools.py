@@ -268,12 +268,42 @@ def test_benchmark_tables_of_the_gpu_run_anywhere_and_time_correct_kernels(monke
     assert all(r["tflops"] > 0 for r in rows)
     rows = benchmark.decode_rows(kernels, lengths=(70,), batches=(2,), heads=4, kv_heads=2, d=16,
                                  dtype=torch.float32, device=DEVICE, timer=timer)
-    assert {r["method"] for r in rows} == {"SDPA, FLASH_ATTENTION backend", "instructor's split-K kernels"}
+    assert {r["method"] for r in rows} == {benchmark.SDPA_DECODE, "instructor's split-K kernels"}
     q = torch.randn(2, 4, 16, device=DEVICE)
     k_cache, v_cache = (torch.randn(2, 2, 70, 16, device=DEVICE) for _ in range(2))
     ours = kernels.decode_attention(q, k_cache, v_cache, torch.full((2,), 70, dtype=torch.int32, device=DEVICE))
-    theirs = benchmark.sdpa_flash_gqa(q, *(c.repeat_interleave(2, dim=1) for c in (k_cache, v_cache)))
-    torch.testing.assert_close(ours, theirs, atol=1e-5, rtol=1e-5)
+    grouped = benchmark.sdpa_flash_decode(q, k_cache, v_cache)                   # enable_gqa, caches as they are
+    expanded = benchmark.sdpa_flash_decode(q, *(c.repeat_interleave(2, dim=1) for c in (k_cache, v_cache)),
+                                           enable_gqa=False)
+    torch.testing.assert_close(ours, grouped, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(grouped, expanded, atol=1e-6, rtol=1e-6)
+
+
+def test_benchmark_falls_back_to_expanded_caches_and_says_so(monkeypatch):
+    """Where the backend refuses enable_gqa, SDPA's decoding row reads caches
+    expanded to one head per query head, and its method names the expansion."""
+    from bookutils import benchmark
+
+    real = benchmark.sdpa_flash_decode
+
+    def refusing(q, k_cache, v_cache, enable_gqa=True):
+        if enable_gqa:
+            raise RuntimeError("No available kernel. Aborting execution.")
+        return real(q, k_cache, v_cache, enable_gqa=False)
+
+    monkeypatch.setattr(benchmark, "sdpa_flash_decode", refusing)
+    monkeypatch.setattr(torch.nn.attention, "sdpa_kernel", _math_backend(torch.nn.attention.sdpa_kernel))
+    q = torch.randn(1, 8, 16)
+    k_cache, v_cache = (torch.randn(1, 2, 30, 16) for _ in range(2))
+    name, call = benchmark.sdpa_decode_call(q, k_cache, v_cache)
+    assert name.startswith("SDPA, FLASH_ATTENTION backend, caches expanded 4x (enable_gqa refused: No available")
+    torch.testing.assert_close(call(), real(q, k_cache, v_cache, enable_gqa=True))
+
+
+def _math_backend(pinned):
+    import torch.nn.attention as attention
+
+    return lambda backend: pinned(attention.SDPBackend.MATH)
 
 
 def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monkeypatch):
