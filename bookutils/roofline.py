@@ -19,10 +19,10 @@ def intensity(flops, elements_moved, b=BYTES):
     return flops / (b * elements_moved)
 
 
-def unit_times(matmul_flops, fp32_ops, exps, elements, b=BYTES):
-    """Seconds each resource needs for a step's work at its peak rate."""
+def unit_times(matmul_flops, fp32_ops, exps, elements, b=BYTES, hbm_bytes=HBM_BYTES):
+    """Seconds each resource needs for a step's work at its peak rate (hbm_bytes: bytes per second)."""
     return {"tensor": matmul_flops / TENSOR_FLOPS, "fp32": fp32_ops / FP32_FLOPS,
-            "exp": exps / EXP_RATE, "HBM": b * elements / HBM_BYTES}
+            "exp": exps / EXP_RATE, "HBM": b * elements / hbm_bytes}
 
 
 def busiest(times):

@@ -14,7 +14,13 @@ A page gives a symbol a meaning in three ways, and each has its rule:
 
 A symbol with a subscript that names something else (d_k, B_r, n_q, N_B) is
 another symbol and is not checked; subscripts that index (L_i, M_{ij}) are the
-same symbol."""
+same symbol. In the exercises, a tensor's shape written as code, `(B, H, N, D)`,
+is read as a formula: its axes are the symbols of the table too.
+
+Besides symbols, a page's wording is checked in two ways: a claim that holds only
+under a condition says the condition in the same paragraph (CLAIMS: softmax
+weights are positive in exact arithmetic only), and an abbreviation is defined
+where the course first uses it (ABBREVIATIONS)."""
 import json
 import re
 from dataclasses import dataclass, field
@@ -61,7 +67,8 @@ RULES = {
     "D": Rule("D", _w("sums sum"),
               equals=r"(\\operatorname\{rowsum\}|\\sum|dO)",
               forbidden=((r"(\d|\^\{?\d\}?|\\cdot)\s*D(?![A-Za-z_])", "is a factor of a count (a dimension)"),
-                         (r"D(?![A-Za-z_])\s*\\cdot", "is a factor of a count (a dimension)"))),
+                         (r"D(?![A-Za-z_])\s*\\cdot", "is a factor of a count (a dimension)"),
+                         (r"[(,]\s*D\s*[,)]", "is an axis of a tensor's shape (a head width)"))),
     "B": Rule("B", _w("budget bytes memory GiB"),
               equals=r"(\d|2\^)",
               forbidden=((r"B(?![A-Za-z_])\s*\\cdot", "is multiplied like a count of sequences"),
@@ -76,12 +83,25 @@ RULES = {
     "H": Rule("H", _w("heads head blocks"), equals=r"\d"),
     "P": Rule("P", _w("weights probabilities tile tiles attention softmax"),
               equals=r"(\\operatorname\{softmax\}|e\^|\\frac\{e|0)"),
+    # The maximum of a row (running, in Chapter 4): never an index, which another letter names.
+    "m": Rule("m", _w("maximum maxima running max statistics state"),
+              forbidden=((r"_(m(?![A-Za-z])|\{\s*m\s*(\}|=|\\in|\\le|<|,))", "is a subscript, an index (m is a row's maximum)"),
+                         (r"\|\s*m\s*\|", "is an integer of a range, an index (m is a row's maximum)"))),
+    # A Chapter 4 letter: another page may name a matrix C for a moment (C = XW), never a count of chunks.
+    "C": Rule("C", _w("chunk length lengths keys key positions position tokens token"),
+              forbidden=((r"\(\s*C\s*,\s*\.\.\.", "is the axis that counts the chunks (C is a chunk length)"),)),
+    "phi": Rule(r"\phi", _w("feature features map kernel"),
+                equals=r"\\(operatorname|mathrm)\{elu\}",
+                forbidden=((r"\\phi\s*\([^()]*,", "takes two arguments, like a recurrent cell (phi is a feature map)"),)),
+    "delta": Rule(r"\delta", _w("Kronecker delta"),
+                  forbidden=((r"\\delta(?![A-Za-z])(?!\s*_\s*\{?\s*[a-z]\s*[a-z])",
+                              "stands without the two indices of the Kronecker delta"),)),
 }
 
 # Nouns that name a meaning. One of them next to a symbol must be among that symbol's words.
 MEANING_WORDS = frozenset().union(*(rule.words for rule in RULES.values())) | _w(
     "batch batches mask masks cache caches layer layers log-sum-exp logsumexp scale model "
-    "permutation permutations chunk chunks block blocks programs")
+    "permutation permutations chunk chunks block blocks programs cell cells dilation dilations gap")
 
 
 @dataclass
@@ -220,8 +240,74 @@ def book_pages(book):
     return sorted(p for p in Path(book).rglob("*.md") if "_build" not in p.parts)
 
 
-def notebook_page(path, name=None):
-    """The markdown cells of a notebook on the site (an exercise as students receive it), as one page."""
+# A tensor's shape written as code in an exercise's text: `(B, H, N, D)`, `(n_c, ..., d_v)`.
+_SHAPE = re.compile(r"`(\((?:\s*(?:[A-Za-z][A-Za-z0-9_]*|\.\.\.)\s*,)+\s*(?:[A-Za-z][A-Za-z0-9_]*|\.\.\.)?\s*\))`")
+
+
+def notebook_text(path):
     cells = json.loads(Path(path).read_text(encoding="utf-8"))["cells"]
-    text = "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
-    return page_of(text, name or str(path))
+    return "\n\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "markdown")
+
+
+def notebook_page(path, name=None):
+    """The markdown cells of a notebook on the site (an exercise as students receive it), as one page.
+    The shapes its text gives as code are formulas: their axes are the table's symbols."""
+    return page_of(_SHAPE.sub(r"$\1$", notebook_text(path)), name or str(path))
+
+
+# --- wording: claims that hold under a condition, abbreviations -------------------------
+
+@dataclass(frozen=True)
+class Claim:
+    pattern: str                 # the claim (a regex on a paragraph, case-insensitive)
+    condition: str               # what the same paragraph must also say
+    why: str
+
+
+CLAIMS = (
+    Claim(r"\b[AP]_\{?ij\}?\s*>\s*0|strictly\s+positive\s+weight|weights?\s+(is|are)\s+strictly\s+positive",
+          r"exact arithmetic|underflow",
+          "says softmax weights are positive without 'in exact arithmetic' (in floating point they underflow to 0)"),
+    Claim(r"m64n\w*k\d+",
+          r"16-bit",
+          "gives a wgmma shape without its input type (k = 16 holds for 16-bit inputs; 32 for 8-bit, 8 for tf32)"),
+    Claim(r"paper[^.]*\$r\$[^.]*neighbou?rhood",
+          r"2r\s*\+\s*1|size of the neighbou?rhood|neighbou?rhood's size",
+          "takes the Transformer paper's r for our radius (the paper's r is the neighbourhood's size, 2r + 1)"),
+)
+
+# Abbreviations and the words that must stand where the course first uses them.
+ABBREVIATIONS = {
+    "CTA": r"cooperative thread array",
+}
+
+
+def paragraphs(text):
+    """The prose paragraphs of a page: code blocks and cells removed, inline code kept."""
+    return [p for p in re.split(r"\n\s*\n", _CODE.sub(lambda m: "\n" * m.group(0).count("\n"), text)) if p.strip()]
+
+
+def unconditioned_claims(text, name="page", claims=CLAIMS):
+    findings = []
+    for paragraph in paragraphs(text):
+        for claim in claims:
+            found = re.search(claim.pattern, paragraph, re.I)
+            if found and not re.search(claim.condition, paragraph, re.I):
+                findings.append(Finding(name, found.group(0), " ".join(paragraph.split())[:200], claim.why))
+    return findings
+
+
+def undefined_abbreviations(texts, abbreviations=ABBREVIATIONS):
+    """texts: (name, text) in reading order. The paragraph of each abbreviation's first use
+    in prose (code and inline code aside) must say what it stands for."""
+    findings = []
+    for abbreviation, definition in abbreviations.items():
+        for name, text in texts:
+            first = next((p for p in paragraphs(text)
+                          if re.search(rf"\b{abbreviation}s?\b", re.sub(r"`[^`\n]*`", "code", p))), None)
+            if first is not None:
+                if not re.search(definition, first, re.I):
+                    findings.append(Finding(name, abbreviation, " ".join(first.split())[:200],
+                                            f"is first used without its definition ({definition})"))
+                break
+    return findings

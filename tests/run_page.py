@@ -1,6 +1,6 @@
 """Execute one page of the book as the build does, under another machine's kernels.
 
-    python -m tests.run_page book/variants/trained_model.md [--setting avx2] [--timeout 900]
+    python -m tests.run_page book/variants/trained_model.md [--setting avx2] [--timeout 900] [--save out.ipynb]
 
 The page (MyST Markdown) is read as myst-nb reads it and executed with nbclient
 in its own folder, with the environment of tests/machine_settings.py's setting
@@ -15,8 +15,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 
 
-def execute_page(page, setting="native", timeout=900):
-    """(seconds, None) when every cell ran, (seconds, error text) otherwise."""
+def execute_page(page, setting="native", timeout=900, save=None):
+    """(seconds, None) when every cell ran, (seconds, error text) otherwise; `save` names a
+    file for the executed notebook, outputs and all (kept on failure too)."""
     import nbformat
     from myst_nb.core.read import read_myst_markdown_notebook
     from nbclient import NotebookClient
@@ -37,6 +38,9 @@ def execute_page(page, setting="native", timeout=900):
         client.execute(env=env)
     except CellExecutionError as exc:
         return time.monotonic() - start, str(exc)
+    finally:
+        if save:
+            nbformat.write(notebook, save)
     return time.monotonic() - start, None
 
 
@@ -45,8 +49,9 @@ def main(argv=None):
     parser.add_argument("page")
     parser.add_argument("--setting", default="native")
     parser.add_argument("--timeout", type=int, default=900)
+    parser.add_argument("--save", help="write the executed notebook here")
     args = parser.parse_args(argv)
-    seconds, error = execute_page(args.page, args.setting, args.timeout)
+    seconds, error = execute_page(args.page, args.setting, args.timeout, args.save)
     print(f"{args.page} under '{args.setting}': {'failed' if error else 'ran'} in {seconds:.1f} s")
     if error:
         print(error[-6000:])
