@@ -5,8 +5,8 @@ on one thread, so rebuilding a page on the same machine shows the same numbers.
 The attention layer exposes the choices the book compares: the factor applied
 to the scores (1/sqrt(d_k), none, 1/d_k, none with the factor folded into
 W_Q's initialisation, or queries and keys normalised first), post-norm or
-pre-norm, a causal mask, and an optional learned position table. Each layer
-keeps its last attention weights for plotting."""
+pre-norm, a causal mask, an optional learned position table and optional
+dropout. Each layer keeps its last attention weights for plotting."""
 from contextlib import contextmanager
 
 import torch
@@ -61,21 +61,25 @@ class SelfAttention(nn.Module):
 
 class Block(nn.Module):
     """Attention and a ReLU feed-forward network in residual connections, with
-    LayerNorm after each addition (post-norm) or before each sublayer (pre-norm)."""
+    LayerNorm after each addition (post-norm) or before each sublayer (pre-norm).
+    With dropout > 0, each sublayer's output is dropped out before it is added to
+    the residual stream (in training mode only, as nn.Dropout does); with the
+    default 0 nothing is added to the computation."""
 
-    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale, causal=False):
+    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale, causal=False, dropout=0.0):
         super().__init__()
         self.pre_norm = pre_norm
         self.attn = SelfAttention(d_model, n_heads, d_head, scale, causal)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
 
     def forward(self, x):
         if self.pre_norm:
-            x = x + self.attn(self.ln1(x))
-            return x + self.ffn(self.ln2(x))
-        x = self.ln1(x + self.attn(x))
-        return self.ln2(x + self.ffn(x))
+            x = x + self.drop(self.attn(self.ln1(x)))
+            return x + self.drop(self.ffn(self.ln2(x)))
+        x = self.ln1(x + self.drop(self.attn(x)))
+        return self.ln2(x + self.drop(self.ffn(x)))
 
 
 class TinyTransformer(nn.Module):
@@ -83,16 +87,19 @@ class TinyTransformer(nn.Module):
     a stack of blocks, and a linear read-out of n_targets classifications with
     n_classes classes each, for every token. forward returns logits of shape
     (batch, tokens, n_targets, n_classes) and, with hidden=True, also the final
-    token representations."""
+    token representations. dropout > 0 drops out the sum of the embeddings and
+    every sublayer's output before its residual addition (Vaswani et al.'s
+    placement), in training mode only: model.eval() turns it off."""
 
     def __init__(self, vocab, n_classes, n_targets=1, d_model=64, n_heads=2, n_layers=1, d_ff=128,
-                 max_len=None, pre_norm=True, d_head=None, scale="sqrt", causal=False):
+                 max_len=None, pre_norm=True, d_head=None, scale="sqrt", causal=False, dropout=0.0):
         super().__init__()
         self.n_targets, self.n_classes = n_targets, n_classes
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model) if max_len else None
         self.blocks = nn.ModuleList(Block(d_model, n_heads, d_head or d_model // n_heads, d_ff,
-                                          pre_norm, scale, causal) for _ in range(n_layers))
+                                          pre_norm, scale, causal, dropout) for _ in range(n_layers))
+        self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
         # A pre-norm stack leaves its residual stream unnormalised; normalise it once at the end.
         self.final_ln = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
         self.readout = nn.Linear(d_model, n_targets * n_classes)
@@ -101,6 +108,7 @@ class TinyTransformer(nn.Module):
         x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1]))
+        x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         h = self.final_ln(x)
@@ -175,12 +183,15 @@ def task_loss(logits, y):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), ignore_index=IGNORE)
 
 
-def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0, q_lr_factor=1.0, after_step=None):
+def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0, q_lr_factor=1.0, after_step=None,
+          schedule=None):
     """Adam on fresh batches from sample(batch, generator); the learning rate
     rises linearly over the first `warmup` steps, then stays at lr (times
-    q_lr_factor for the query projections). after_step(step, model), if given,
-    runs after every step, for example to record weights. Returns the training
-    loss of every step (NaN once it has diverged)."""
+    q_lr_factor for the query projections). schedule(step), if given, replaces
+    that rule: the learning rate of step `step` (from 0) is lr * schedule(step).
+    after_step(step, model), if given, runs after every step, for example to
+    record weights. Returns the training loss of every step (NaN once it has
+    diverged)."""
     gen = torch.Generator().manual_seed(seed)
     queries = [p for name, p in model.named_parameters() if name.endswith("attn.q.weight")]
     rest = [p for name, p in model.named_parameters() if not name.endswith("attn.q.weight")]
@@ -190,7 +201,9 @@ def train(model, sample, steps, lr=1e-3, batch=64, warmup=0, seed=0, q_lr_factor
     with single_thread():
         for step in range(steps):
             for group in opt.param_groups:
-                group["lr"] = group["factor"] * lr * (min(1.0, (step + 1) / warmup) if warmup else 1.0)
+                factor = (schedule(step) if schedule is not None
+                          else min(1.0, (step + 1) / warmup) if warmup else 1.0)
+                group["lr"] = group["factor"] * lr * factor
             x, y = sample(batch, gen)
             loss = task_loss(model(x), y)
             opt.zero_grad()
