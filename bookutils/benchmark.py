@@ -28,13 +28,13 @@ import torch
 from coursekit.memory import traced_peak
 from bookutils.backward import backward_flops, forward_flops
 from bookutils.flash_tuned import MAX_HEAD, flash_forward_tuned
-from bookutils.triton_kernels import DEVICE, flash_forward
+from bookutils.triton_kernels import DEVICE, default_blocks, flash_forward
 
 # The benchmark's shapes, one place for the code, the book and the compile report
 # (bookutils.kernel_launches): batch, heads and head width of the GPU tables, and
 # the teaching kernel's blocks B_r x B_c in them.
 BATCH, HEADS, HEAD_DIM = 4, 16, 64
-TEACHING_BLOCKS = (64, 64)
+TEACHING_BLOCKS = default_blocks("cuda", torch.float16)
 
 NO_SOLUTIONS = ("the backward and decoding kernels are the solutions of Chapter 4's exercises: they are "
                 "measured only where the course's grading package is installed")

@@ -36,7 +36,7 @@ def book_launches():
             for causal in (False, True):
                 flash_forward(x, x, x, causal=causal)
         x = _empty(*BENCHMARK_SHAPE, dtype=f16)
-        for causal in (False, True):                # the benchmark's configuration
+        for causal in (False, True):                # the benchmark's configuration, a GPU's default blocks
             flash_forward(x, x, x, causal=causal, block_m=BENCHMARK_BLOCKS[0], block_n=BENCHMARK_BLOCKS[1])
         x, p = _empty(100, 64), _empty(100, 100)
         staged_backward.staged_backward(x, x, x, x, p, x)

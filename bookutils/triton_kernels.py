@@ -169,9 +169,21 @@ def _flash_forward_kernel(Q, K, V, O, LSE, n, d, heads, scale,
     tl.store(LSE + bh * n + rows, m + tl.log(l), mask=rows < n)
 
 
-def flash_forward(q, k, v, causal=False, sm_scale=None, block_m=32, block_n=32):
-    """(O, logsumexp) for (batch, heads, n, d) tensors, by the fused tiled kernel."""
+def default_blocks(device, dtype=torch.float16):
+    """(B_r, B_c): 64 x 64 for 16-bit inputs on a CUDA GPU, since Hopper's warpgroup matrix
+    instructions need B_r to be a multiple of 64 (book/flash/compiler.md); 32 x 32 otherwise:
+    in the interpreter, where small tiles run quickest and the chapter reads the kernel's
+    layouts, and for float32 on a GPU, whose 64 x 64 tiles spill registers on an A100."""
+    sixteen_bit = dtype in (torch.float16, torch.bfloat16)
+    return (64, 64) if torch.device(device).type == "cuda" and sixteen_bit else (32, 32)
+
+
+def flash_forward(q, k, v, causal=False, sm_scale=None, block_m=None, block_n=None):
+    """(O, logsumexp) for (batch, heads, n, d) tensors, by the fused tiled kernel;
+    blocks of default_blocks(q.device) unless given."""
     batch, heads, n, d = _check_inputs("flash_forward", q, k, v)
+    default_m, default_n = default_blocks(q.device, q.dtype)
+    block_m, block_n = block_m or default_m, block_n or default_n
     q, k, v = _unit_last_stride(q, k, v)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
     o = torch.empty_like(q)                      # same layout as q, whatever its strides
