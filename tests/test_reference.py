@@ -203,16 +203,29 @@ def test_entropy_slope_equals_autograd(tau):
     np.testing.assert_allclose(variants.entropy_temperature_slope(scores, tau), expected, rtol=1e-9, atol=1e-14)
 
 
-def test_concat_additive_attention_matches_a_torch_loop_over_pairs():
-    q, k, v = rng.normal(size=(2, 3, 4)), rng.normal(size=(2, 5, 2)), rng.normal(size=(2, 5, 3))
-    w_cat, w_score = rng.normal(size=(6, 7)), rng.normal(size=7)
-    t = {name: torch.from_numpy(a) for name, a in dict(q=q, k=k, w=w_cat, s=w_score).items()}
-    scores = torch.tensor([[[float(torch.tanh(torch.cat([t["q"][b, i], t["k"][b, j]]) @ t["w"]) @ t["s"])
-                             for j in range(5)] for i in range(3)] for b in range(2)], dtype=torch.float64)
-    weights = torch.softmax(scores, dim=-1).numpy()
-    out, found = variants.concat_additive_attention(q, k, v, w_cat, w_score)
-    np.testing.assert_allclose(found, weights, rtol=1e-12)
-    np.testing.assert_allclose(out, weights @ v, rtol=1e-12)
+@pytest.mark.parametrize("offset", [None, -1e5])
+def test_additive_attention_grads_match_autograd_one_sequence_at_a_time(offset):
+    q, k, v, d_out = rng.normal(size=(3, 4, 5)), rng.normal(size=(3, 6, 2)), rng.normal(size=(3, 6, 3)), \
+        rng.normal(size=(3, 4, 3))
+    u_q, u_k, w_score = rng.normal(size=(5, 7)), rng.normal(size=(2, 7)), rng.normal(size=7)
+    if offset is not None:  # hidden unit 0 saturated for every pair: every score moves by the offset
+        q[..., 0], u_q[0], u_q[:, 0], u_k[:, 0] = 40.0, 0.0, 0.0, 0.0
+        u_q[0, 0], w_score[0] = 1.0, offset
+    key_mask = np.array([[True, False, True, True, False, True], [False] * 6, [True] * 6])
+    d_q, d_w = variants.additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask)
+    expected_w = np.zeros(7)
+    for b in range(3):
+        real = key_mask[b]
+        if not real.any():  # no key: output 0 whatever q and w_score are
+            np.testing.assert_array_equal(d_q[b], 0.0)
+            continue
+        tq, tw = torch.tensor(q[b], requires_grad=True), torch.tensor(w_score, requires_grad=True)
+        hidden = torch.tanh((tq @ torch.from_numpy(u_q))[:, None, :] + torch.from_numpy(k[b, real] @ u_k)[None])
+        out = torch.softmax(hidden @ tw, dim=-1) @ torch.from_numpy(v[b, real])
+        (out * torch.from_numpy(d_out[b])).sum().backward()
+        np.testing.assert_allclose(d_q[b], tq.grad.numpy(), rtol=1e-9, atol=1e-12)
+        expected_w += tw.grad.numpy()
+    np.testing.assert_allclose(d_w, expected_w, rtol=1e-9, atol=1e-12)
 
 
 # ---------------------------------------------------------------- Chapter 3

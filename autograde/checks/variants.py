@@ -13,7 +13,6 @@ from autograde.compare import (
     expect_value_error,
     numpy_only,
 )
-from autograde.memory import traced_peak
 from autograde.reference import variants as ref
 from autograde.recorded_calls import counted_decode_steps
 from autograde.sandbox import forfeit, is_instance, note_sighting, reported_during
@@ -22,7 +21,7 @@ from student_runtime.layers import REPORT as LAYER_REPORT
 # The functions these checks grade as NumPy code: their hidden tests call them in the student's
 # process without PyTorch (autograde.execute).
 NUMPY_GRADED = ('rotary_half_split', 'left_padded_causal_attention', 'decode_step', 'decode_with_kv_cache',
-                'entropy_temperature_slope', 'concat_additive_attention')
+                'entropy_temperature_slope', 'additive_attention_grads')
 
 RNG_SEED = 20261
 
@@ -355,94 +354,102 @@ def _offset_rows(rng):
     return cases
 
 
-# ---------------------------------------------------------- additive attention
+# ------------------------------------------------- gradients of additive attention
 
-def _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v, score_scale=1.0):
-    return (rng.normal(size=(*lead, n_q, d_q)), rng.normal(size=(*lead, n_k, d_k)), rng.normal(size=(*lead, n_k, d_v)),
-            rng.normal(size=(d_q + d_k, d_h)), rng.normal(scale=score_scale, size=d_h))
-
-
-def _check_additive(concat_additive_attention, inputs, label, hint):
-    what = f"concat_additive_attention with {label}"
-    ref_out, ref_weights = ref.concat_additive_attention(*inputs)
-    result = call_unchanged(concat_additive_attention, *inputs, what=what)
-    expect_sequence(result, 2, what=what, names="(output, weights)")
-    expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
-    expect_close(result[0], ref_out, what=f"the output from {what}")
-
-
-def _additive_numpy_only(concat_additive_attention, rng):
-    inputs = _additive_inputs(rng, (), 3, 4, 4, 4, 6, 3)
-    what = "concat_additive_attention with n_q=3, n_k=4, d_q=d_k=4"
-    numpy_only(concat_additive_attention, *inputs, what=what)
+def _grads_inputs(rng, lead, n_q, n_k, d_q, d_k, d_a, d_v, score_scale=1.0, offset=None, q_scale=1.0):
+    """q, k, v, u_q, u_k, w_score, d_out. With an offset, hidden unit 0 is saturated (tanh = 1)
+    for every pair and w_score[0] = offset: every score moves by the offset, the rows keep their
+    spread of a few units, so the softmax is far from one-hot and its gradient far from zero."""
+    q = rng.normal(scale=q_scale, size=(*lead, n_q, d_q))
+    k, v = rng.normal(size=(*lead, n_k, d_k)), rng.normal(size=(*lead, n_k, d_v))
+    u_q, u_k = rng.normal(size=(d_q, d_a)) / np.sqrt(d_q), rng.normal(size=(d_k, d_a)) / np.sqrt(d_k)
+    w_score, d_out = rng.normal(scale=score_scale, size=d_a), rng.normal(size=(*lead, n_q, d_v))
+    if offset is not None:
+        q[..., 0] = 40.0                         # tanh(40) is 1.0 in float64
+        u_q[0], u_q[:, 0], u_k[:, 0] = 0.0, 0.0, 0.0
+        u_q[0, 0], w_score[0] = 1.0, offset
+    return q, k, v, u_q, u_k, w_score, d_out
 
 
-def check_additive_batched(concat_additive_attention):
-    """Zero to two batch axes, n_q != n_k, different query, key, hidden and value widths."""
+GRADS_HINT = ("With p = softmax of the scores over the real keys and dL/dp = d_out v^T, dL/dscore_ij = "
+              "p_ij (dL/dp_ij - sum_l p_il dL/dp_il) (the softmax's Jacobian times a vector); the score is "
+              "w_score . tanh(h_ij) with h_ij = q_i U_q + k_j U_k, so dL/dw_score sums dL/dscore_ij tanh(h_ij) over "
+              "every pair of every sequence, and dL/dq_i sums dL/dscore_ij (w_score * (1 - tanh(h_ij)^2)) over j, "
+              "times U_q^T.")
+
+
+def _check_grads(additive_attention_grads, inputs, key_mask, label, hint=GRADS_HINT):
+    what = f"additive_attention_grads with {label}"
+    ref_dq, ref_dw = ref.additive_attention_grads(*inputs, key_mask)
+    extra = {} if key_mask is None else {"key_mask": key_mask}
+    result = call_unchanged(additive_attention_grads, *inputs, what=what, **extra)
+    expect_sequence(result, 2, what=what, names="(d_q, d_w_score)")
+    # float64 sums of at most a few hundred terms of size ~1: rounding ~1e-14; scores moved to
+    # 1e6 add |score| * 2^-53 ~ 1e-10 relative to the weights. The default tolerance
+    # (1e-9 + 1e-6 |expected|) leaves that ten thousand times over; a mistake is off by ~1.
+    expect_close(result[1], ref_dw, what=f"d_w_score from {what}", hint=hint)
+    expect_close(result[0], ref_dq, what=f"d_q from {what}", hint=hint)
+
+
+def _grads_numpy_only(additive_attention_grads, rng):
+    inputs = _grads_inputs(rng, (2,), 3, 4, 3, 2, 5, 2)
+    what = "additive_attention_grads with batch axes (2,), n_q=3, n_k=4"
+    numpy_only(additive_attention_grads, *inputs, what=what)
+
+
+def _grads_label(lead, n_q, n_k, d_q, d_k, d_a, d_v):
+    return f"batch axes {lead}, n_q={n_q}, n_k={n_k}, widths d_q={d_q}, d_k={d_k}, d_a={d_a}, d_v={d_v}"
+
+
+def check_additive_grads_values(additive_attention_grads):
+    """Zero to two batch axes, n_q != n_k, a single query, a single key (gradients zero),
+    and different query, key, hidden and value widths."""
     rng = _rng(9)
-    for lead, n_q, n_k, d_q, d_k, d_h, d_v in [((), 3, 5, 4, 6, 7, 2), ((), 1, 1, 2, 2, 3, 1), ((2,), 4, 4, 3, 3, 5, 3),
-                                               ((2, 3), 2, 6, 5, 4, 8, 4), ((1,), 7, 3, 6, 2, 4, 5)]:
-        _check_additive(concat_additive_attention, _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v),
-                        f"batch axes {lead}, n_q={n_q}, n_k={n_k}, widths d_q={d_q}, d_k={d_k}, "
-                        f"d_h={d_h}, d_v={d_v}",
-                        "[q_i, k_j] @ w_cat = q_i @ (first d_q rows of w_cat) + k_j @ (the other d_k rows); "
-                        "softmax over the keys j.")
-    _additive_numpy_only(concat_additive_attention, rng)
+    for shape in [((), 3, 5, 4, 6, 7, 2), ((), 1, 1, 2, 2, 3, 1), ((2,), 4, 4, 3, 3, 5, 3), ((2, 3), 2, 6, 5, 4, 8, 4),
+                  ((1,), 7, 3, 6, 2, 4, 5), ((3,), 1, 6, 2, 5, 3, 2), ((2, 2), 5, 1, 3, 3, 2, 2)]:
+        _check_grads(additive_attention_grads, _grads_inputs(rng, *shape), None, _grads_label(*shape))
+    _grads_numpy_only(additive_attention_grads, rng)
 
 
-def check_additive_extreme(concat_additive_attention):
-    """A long w_score makes the scores large: the softmax must not overflow."""
-    rng = _rng(10)
-    for scale in (100.0, 1000.0):
-        _check_additive(concat_additive_attention, _additive_inputs(rng, (), 3, 5, 4, 4, 6, 2, score_scale=scale),
-                        f"w_score entries of size about {scale:g}",
-                        "Use a numerically stable softmax (subtract the row maximum).")
-    _additive_numpy_only(concat_additive_attention, rng)
-
-
-def check_additive_key_mask(concat_additive_attention):
-    """Masked keys get zero weight, a sequence with no real key gives zero rows
-    (never NaN), and a mask of all True changes nothing."""
+def check_additive_grads_key_mask(additive_attention_grads):
+    """Masked keys take no part; a sequence with no real key has output 0 and gradients 0
+    (never NaN); a mask of all True changes nothing; every score of a row moved by +-1e5,
+    where a finite mask value such as -1e4 outweighs or loses to the real keys."""
     rng = _rng(11)
-    # The last two with a long w_score: scores far beyond 1e4, where a finite mask value loses.
-    for lead, n_q, n_k, d_q, d_k, d_h, d_v, w in [((3,), 4, 5, 3, 2, 6, 2, 1.0), ((2, 2), 2, 6, 4, 4, 3, 3, 1.0),
-                                                  ((1,), 1, 1, 2, 3, 2, 1, 1.0), ((4,), 3, 6, 2, 3, 5, 2, 1e5),
-                                                  ((2, 3), 2, 4, 3, 3, 4, 2, 3e4)]:
-        inputs = _additive_inputs(rng, lead, n_q, n_k, d_q, d_k, d_h, d_v, score_scale=w)
+    hint = ("A key whose key_mask entry is False takes no part, however large or small the scores (exclude it "
+            "rather than give it a finite score such as -1e4); a sequence whose keys are all masked has output "
+            "zero whatever q and w_score are, so its gradients are zero, not NaN. " + GRADS_HINT)
+    for shape, offset in [(((3,), 4, 5, 3, 2, 6, 2), None), (((2, 2), 2, 6, 4, 4, 3, 3), None),
+                          (((1,), 1, 1, 2, 3, 2, 1), None), (((4,), 3, 6, 2, 3, 5, 2), -1e5),
+                          (((2, 3), 2, 4, 3, 3, 4, 2), 1e5), (((3,), 3, 5, 4, 2, 3, 2), -1e5)]:
+        lead, n_k = shape[0], shape[2]
+        inputs = _grads_inputs(rng, *shape, offset=offset)
         key_mask = rng.random((*lead, n_k)) < 0.6
         key_mask.reshape(-1, n_k)[0] = False                        # one sequence with no real key
         if key_mask.size > n_k:
             key_mask.reshape(-1, n_k)[-1] = True                    # and one with every key real
-        what = (f"concat_additive_attention with batch axes {lead}, n_q={n_q}, n_k={n_k}, w_score entries of size "
-                f"about {w:g} and key_mask {key_mask.tolist()}")
-        ref_out, ref_weights = ref.concat_additive_attention(*inputs, key_mask)
-        result = call_unchanged(concat_additive_attention, *inputs, key_mask=key_mask, what=what)
-        expect_sequence(result, 2, what=what, names="(output, weights)")
-        hint = ("A key whose key_mask entry is False gets weight 0, however large the scores (exclude it rather "
-                "than give it a finite score such as -1e4); a sequence whose keys are all masked has no key "
-                "to attend to, so its weights and outputs are zeros, not NaN.")
-        expect_close(result[1], ref_weights, what=f"the weights from {what}", hint=hint)
-        expect_close(result[0], ref_out, what=f"the output from {what}", hint=hint)
-    _additive_numpy_only(concat_additive_attention, rng)
+        moved = "" if offset is None else f", every score moved by {offset:g}"
+        _check_grads(additive_attention_grads, inputs, key_mask,
+                     f"{_grads_label(*shape)}{moved} and key_mask {key_mask.tolist()}", hint)
+    _grads_numpy_only(additive_attention_grads, rng)
 
 
-def check_additive_memory(concat_additive_attention):
-    """Wide queries and keys, a narrow hidden layer: the concatenated pairs
-    [q_i; k_j] are never built, only the n_q x n_k x d_h hidden values."""
-    rng = _rng(12)
-    n_q, n_k, d_q, d_k, d_h, d_v = 64, 64, 256, 192, 4, 2
-    inputs = _additive_inputs(rng, (), n_q, n_k, d_q, d_k, d_h, d_v)
-    what = f"concat_additive_attention with n_q={n_q}, n_k={n_k}, d_q={d_q}, d_k={d_k}, d_h={d_h}"
-    result, peak = traced_peak(call, concat_additive_attention, *inputs, what=what)
-    expect_sequence(result, 2, what=what, names="(output, weights)")
-    expect_close(result[0], ref.concat_additive_attention(*inputs)[0], what=f"the output from {what}")
-    pairs = n_q * n_k * (d_q + d_k) * 8
-    if peak >= pairs // 4:
-        raise GradingFailure(
-            f"{what}: the peak memory was {peak / 2**20:.2f} MiB, while all the pairs [q_i; k_j] take "
-            f"{pairs / 2**20:.0f} MiB and the hidden values only {n_q * n_k * d_h * 8 / 2**20:.2f} MiB. Split w_cat "
-            "instead of the pairs: project the queries and the keys once each, then add them pair by pair.")
-    _additive_numpy_only(concat_additive_attention, rng)
+def check_additive_grads_extreme(additive_attention_grads):
+    """Scores far from zero: every score of a row moved by +-1e5 or 1e6 (the rows keep a spread
+    of a few units), w_score entries in the hundreds and thousands (nearly one-hot weights), and
+    queries large enough to saturate most hidden units."""
+    rng = _rng(10)
+    hint = "Use a numerically stable softmax (subtract each row's maximum). " + GRADS_HINT
+    shape = ((), 4, 6, 3, 4, 5, 2)
+    for offset in (1e5, -1e5, 1e6):
+        _check_grads(additive_attention_grads, _grads_inputs(rng, *shape, offset=offset), None,
+                     f"{_grads_label(*shape)}, every score moved by {offset:g}", hint)
+    for scale in (300.0, 3000.0):
+        _check_grads(additive_attention_grads, _grads_inputs(rng, *shape, score_scale=scale), None,
+                     f"{_grads_label(*shape)} and w_score entries of size about {scale:g}", hint)
+    _check_grads(additive_attention_grads, _grads_inputs(rng, *shape, q_scale=30.0), None,
+                 f"{_grads_label(*shape)} and query entries of size about 30 (saturated hidden units)", hint)
+    _grads_numpy_only(additive_attention_grads, rng)
 
 
 # ------------------------------------------------------------ decoder layer

@@ -92,19 +92,19 @@ def entropy_temperature_slope(scores, tau):
     return np.sum(p * (s - mean) ** 2, axis=-1) / tau ** 3
 
 
-def concat_additive_attention(q, k, v, w_cat, w_score, key_mask=None):
-    """key_mask (..., n_k), True for a real key; a query with no real key gets zero weights."""
-    d_q = q.shape[-1]
-    hidden = np.tanh((q @ w_cat[:d_q])[..., :, None, :] + (k @ w_cat[d_q:])[..., None, :, :])
+def additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
+    """Gradients of L = sum(d_out * output) with respect to q and w_score, for additive attention
+    with scores w_score . tanh(q_i U_q + k_j U_k) and a softmax over the real keys (key_mask
+    (..., n_k), True for a real key); a query with no real key has output 0 and gradient 0.
+    Returns (d_q of q's shape, d_w of shape (d_a,), summed over every batch axis)."""
+    q, k, v, u_q, u_k, w_score, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, u_q, u_k, w_score, d_out))
+    hidden = np.tanh((q @ u_q)[..., :, None, :] + (k @ u_k)[..., None, :, :])      # (..., n_q, n_k, d_a)
     scores = hidden @ w_score
-    if key_mask is None:
-        weights = softmax(scores, axis=-1)
-    else:
-        keep = np.asarray(key_mask, dtype=bool)[..., None, :]
-        scores = np.where(keep, scores, -np.inf)
-        top = scores.max(axis=-1, keepdims=True)
-        top = np.where(np.isfinite(top), top, 0.0)
-        e = np.exp(scores - top)
-        total = e.sum(axis=-1, keepdims=True)
-        weights = e / np.where(total > 0, total, 1.0)
-    return weights @ v, weights
+    keep = np.ones(scores.shape, dtype=bool) if key_mask is None else \
+        np.broadcast_to(np.asarray(key_mask, dtype=bool)[..., None, :], scores.shape)
+    p = masked_softmax_or_zero(scores, keep)
+    d_p = d_out @ np.swapaxes(v, -1, -2)                                           # dL/dp
+    d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))                     # dL/dscores
+    d_w = np.einsum("...ij,...ija->...a", d_s, hidden).reshape(-1, hidden.shape[-1]).sum(axis=0)
+    d_pre = d_s[..., None] * w_score * (1.0 - hidden ** 2)                         # before the tanh
+    return d_pre.sum(axis=-2) @ u_q.T, d_w

@@ -555,6 +555,31 @@ def causal_linear_attention(q, k, v, chunk):
     return torch.cat(pieces, dim=-2).numpy()
 '''
 
+# As lean as chunking gets: one chunk x chunk block at a time, masked in place, no other
+# array of that size (the chunk tests' margin of half a block must leave it room).
+STYLE_CAUSAL_LEAN_BLOCKS = '''
+def causal_linear_attention(q, k, v, chunk):
+    fq = np.where(q > 0, q + 1.0, np.exp(np.minimum(q, 0.0)))
+    fk = np.where(k > 0, k + 1.0, np.exp(np.minimum(k, 0.0)))
+    n = q.shape[-2]
+    state = np.zeros(q.shape[:-2] + (q.shape[-1], v.shape[-1]))
+    norm = np.zeros(q.shape[:-2] + (1, q.shape[-1]))
+    out = np.empty(q.shape[:-1] + (v.shape[-1],))
+    for start in range(0, n, chunk):
+        stop = min(n, start + chunk)
+        a, b, c = fq[..., start:stop, :], fk[..., start:stop, :], v[..., start:stop, :]
+        block = a @ np.swapaxes(b, -1, -2)
+        for row in range(stop - start - 1):              # zero the future, row by row, in place
+            block[..., row, row + 1:] = 0.0
+        top = a @ state + block @ c
+        bottom = np.sum(a * norm, axis=-1) + np.sum(block, axis=-1)
+        out[..., start:stop, :] = top / bottom[..., None]
+        del block
+        state += np.swapaxes(b, -1, -2) @ c
+        norm += np.sum(b, axis=-2, keepdims=True)
+    return out
+'''
+
 CORRECT = {
     "counts_per_product_fitting_recursive": {"training_flops": STYLE_TRAINING_PER_PRODUCT,
                                              "longest_fitting": STYLE_FITTING_RECURSIVE,
@@ -563,6 +588,7 @@ CORRECT = {
     "fitting_inclusive_cached": {"longest_fitting": STYLE_FITTING_INCLUSIVE},
     "fitting_checks_its_answer": {"longest_fitting": STYLE_FITTING_CHECKS_ITS_ANSWER},
     "dilated_residue_classes": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES},
+    "causal_lean_blocks": {"causal_linear_attention": STYLE_CAUSAL_LEAN_BLOCKS},
 }
 
 TRAINING_CELLS = {"test_training_flops", "test_training_flops_hidden"}
@@ -636,8 +662,12 @@ BUGGY = {
     "causal_book_loop_one_sequence": ({"causal_linear_attention": CAUSAL_BOOK_LOOP_ONE_SEQUENCE}, CAUSAL_CELLS),
     "causal_masked_matrix": ({"causal_linear_attention": CAUSAL_MASKED_MATRIX},
                              {"test_causal_linear_attention", "test_causal_memory", "test_causal_chunked"}),
-    "causal_token_by_token": ({"causal_linear_attention": CAUSAL_RECURRENT_EINSUM}, {"test_causal_chunked"}),
-    "causal_running_sums": ({"causal_linear_attention": CAUSAL_CUMSUM}, {"test_causal_chunked"}),
+    # Right numbers and linear memory, but no chunk x chunk block: the visible test measures the
+    # peak at two chunk sizes as the hidden one does.
+    "causal_token_by_token": ({"causal_linear_attention": CAUSAL_RECURRENT_EINSUM},
+                              {"test_causal_linear_attention", "test_causal_chunked"}),
+    "causal_running_sums": ({"causal_linear_attention": CAUSAL_CUMSUM},
+                            {"test_causal_linear_attention", "test_causal_chunked"}),
     # The memory tests' chunks divide their lengths, so only the output tests see the missing tail.
     "causal_last_chunk_dropped": ({"causal_linear_attention": CAUSAL_LAST_CHUNK_DROPPED},
                                   CAUSAL_CELLS - {"test_causal_memory", "test_causal_chunked"}),
