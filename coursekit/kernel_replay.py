@@ -288,6 +288,7 @@ class HostOps(TorchDispatchMode):
         self.recording = recording
         self.names = set()
         self.largest = 0        # bytes of the largest tensor an operator returned
+        self.largest_new = 0    # the same, views of the operator's tensor arguments left out (copies, buffers)
         self.shapes = set()     # the shapes of the tensors operators returned
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
@@ -300,10 +301,22 @@ class HostOps(TorchDispatchMode):
         else:
             result = recording.operation(func, args, kwargs, lambda: func(*args, **kwargs))
         self.names.add(func.overloadpacket.__name__)
+        known = {_storage(t) for t in _flat((args, kwargs))}
         for out in _flat(result):
-            self.largest = max(self.largest, out.numel() * out.element_size())
+            size = out.numel() * out.element_size()
+            self.largest = max(self.largest, size)
+            if _storage(out) not in known:
+                self.largest_new = max(self.largest_new, size)
             self.shapes.add(tuple(out.shape))
         return result
+
+
+def _storage(t):
+    """Where a tensor's memory starts: a view shares it with its base, a copy does not."""
+    try:
+        return t.untyped_storage().data_ptr()
+    except (RuntimeError, NotImplementedError):   # tensors without storage (meta, some subclasses)
+        return id(t)
 
 
 class Watch:
@@ -326,7 +339,7 @@ class Watch:
                 "modules": sorted(m for m in trace.modules if m), "log": [list(entry) for entry in trace.log],
                 "bytes_loaded": trace.bytes_loaded, "bytes_stored": trace.bytes_stored,
                 "shared_stores": {name: n for name, n in trace.shared_stores.items() if n},
-                "ops": sorted(self.ops.names), "largest": self.ops.largest,
+                "ops": sorted(self.ops.names), "largest": self.ops.largest, "largest_new": self.ops.largest_new,
                 "shapes": sorted(list(shape) for shape in self.ops.shapes)}
 
 

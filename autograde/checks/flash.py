@@ -342,7 +342,8 @@ def _nbytes(t):
 def _in_layout(t, layout, gen):
     """t with the same values in another memory layout: "contiguous"; "heads_inner": the
     (B, N, H, D) layout of a projection, seen as (B, H, N, D); "d_major": the last axis not
-    contiguous; "sliced": a window of a wider, longer buffer (an offset and padded strides)."""
+    contiguous; "sliced": a window of a wider, longer buffer (an offset and padded strides);
+    "window": the first positions of a longer buffer, as a preallocated KV cache is."""
     import torch
 
     if layout == "contiguous":
@@ -354,6 +355,11 @@ def _in_layout(t, layout, gen):
     if layout == "sliced":
         wide = torch.randn(*t.shape[:-2], t.shape[-2] + 5, 2 * t.shape[-1] + 3, generator=gen).to(t.device, t.dtype)
         view = wide[..., 2:2 + t.shape[-2], 3:3 + t.shape[-1]]
+        view.copy_(t)
+        return view
+    if layout == "window":
+        longer = torch.randn(*t.shape[:-2], t.shape[-2] + 64, t.shape[-1], generator=gen).to(t.device, t.dtype)
+        view = longer[..., :t.shape[-2], :]
         view.copy_(t)
         return view
     raise ValueError(layout)
@@ -854,7 +860,7 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
                      [bounds.decode_bounds(q64, k2, v2, lens, sm_scale, dtype, _native())])]
         _judge_follow(decode_attention, what, ("the output",), replayed, ([expected], [bound]), accepted,
                       decode_products(heads, d, lens) // 2)
-    return report["log"]
+    return report
 
 
 def check_decode_output(decode_attention):
@@ -880,24 +886,45 @@ def check_decode_output(decode_attention):
                       layout="sliced")
 
 
+def _judge_cache_copies(what, report, window, kernel_launches):
+    """Decoding reads the cache where it lies: no tensor made by the launcher's PyTorch code (a
+    copy, a cast, a buffer for a kernel to copy into) holds half the bytes of one cache window,
+    and (interpreter) no kernel launch stores that much."""
+    if 2 * report["largest_new"] >= window:
+        raise GradingFailure(
+            f"{what}: the launcher made a tensor of {report['largest_new']} bytes, at least half of the {window} bytes "
+            "of a cache window: a copy of the cache (or a buffer to copy it into). A decoding step is bound by the "
+            "bytes it reads, and a copy reads and writes the cache once more. Read the caches in place, through "
+            "their strides (batch, head, position).")
+    copying = [(p, ld, st) for p, ld, st in kernel_launches if ld is not None and 2 * st >= window]
+    if copying:
+        raise GradingFailure(
+            f"{what}: a kernel launch stored {copying[0][2]} bytes, at least half of the {window} bytes of a cache "
+            "window: a copy of the cache. Read the caches in place, through their strides (batch, head, position).")
+
+
 def check_decode_split(decode_attention):
-    """A long cache (2048 and 1500 positions) for 2 sequences of 4 query heads: the launch that
-    reads the cache and reduces it must have more programs than (sequence, query head) pairs.
-    Under the interpreter that launch is found by its bytes: it loads at least a quarter of the
-    valid cache and stores less than a quarter of what it loads (a copy or a cast of the cache
-    stores as much as it loads, and does not count); on a GPU, the largest grid must be split.
-    Under the interpreter a shorter call is first replayed: a launcher whose results are not
-    computed by its kernels gets no point here either."""
+    """A long cache (2048 and 1500 positions, the first positions of longer preallocated
+    buffers) for 2 sequences of 4 query heads: the launch that reads the cache and reduces it
+    must have more programs than (sequence, query head) pairs, and the cache must be read in
+    place (_judge_cache_copies). Under the interpreter that launch is found by its bytes: it
+    loads at least a quarter of the valid cache and stores less than a quarter of what it loads
+    (a copy or a cast of the cache stores as much as it loads, and does not count); on a GPU,
+    the largest grid must be split. Under the interpreter a shorter call is first replayed: a
+    launcher whose results are not computed by its kernels gets no point here either."""
     import torch
 
     _check_decode(decode_attention, 2, 4, 2, 128, 32, [128, 90], seed=1301, follow=True)
     batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 2048, 64, [2048, 1500]
-    launches = [entry[1:] for entry in _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens,
-                                                     seed=1300)]
+    report = _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, seed=1300, layout="window")
+    launches = [entry[1:] for entry in report["log"]]
+    _, dtype = _device_and_dtype(None)
+    window = batch * kv_heads * max_len * d * torch.empty(0, dtype=dtype).element_size()
+    _judge_cache_copies(f"decode_attention on caches of {lens} positions (windows of longer buffers)", report,
+                        window, launches)
     advice = ("one program then reads a whole cache alone while the rest of the GPU idles. Split the cache into "
               "chunks, one program per (chunk, sequence, head), then merge the chunks' partial states.")
     if launches and launches[0][1] is not None:
-        _, dtype = _device_and_dtype(None)
         cache = 2 * sum(lens) * kv_heads * d * torch.empty(0, dtype=dtype).element_size()
         reading = [(p, ld, st) for p, ld, st in launches if 4 * ld >= cache and 4 * st < ld]
         if not reading:

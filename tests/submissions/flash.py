@@ -217,30 +217,33 @@ _DKDV_WITH_DQ = _DKDV_WITH_DQ.replace(
     "            dk_acc += tl.dot(ds_t.to(q_tile.dtype), q_tile)\n",
     "            dk_acc += tl.dot(ds_t.to(q_tile.dtype), q_tile)\n"
     "            dq_part = tl.dot(tl.trans(ds_t).to(k_tile.dtype), k_tile) * sm_scale\n"
-    "            tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)\n", 1)
+    "            dq_where = off_bh * seq_len * head_dim + offs_m[:, None] * head_dim + offs_d[None, :]\n"
+    "            tl.atomic_add(DQ + dq_where, dq_part, mask=q_mask)\n", 1)
 _ATOMIC_LAUNCHER = _edit("flash_attention_backward", """    bwd_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * kv_heads)](
-        q, k, v, do, lse, delta, dk, dv, seq_len, head_dim, sm_scale, **common)
+        q, k, v, do, lse, delta, dk, dv, seq_len, head_dim, kv_heads, sm_scale, *(s for t in strides for s in t),
+        **common)
     bwd_dq_kernel[(triton.cdiv(seq_len, block_m), batch * heads)](
-        q, k, v, do, lse, delta, dq, seq_len, head_dim, sm_scale, **common)
+        q, k, v, do, lse, delta, dq, seq_len, head_dim, heads, sm_scale, *(s for t in strides for s in t), **common)
     return dq, dk, dv""", """    dq32 = torch.zeros(q.shape, device=q.device, dtype=torch.float32)   # summed over key blocks
     bwd_dkdv_kernel[(triton.cdiv(seq_len, block_n), batch * kv_heads)](
-        q, k, v, do, lse, delta, dk, dv, dq32, seq_len, head_dim, sm_scale, **common)
+        q, k, v, do, lse, delta, dk, dv, dq32, seq_len, head_dim, kv_heads, sm_scale,
+        *(s for t in strides for s in t), **common)
     return dq32.to(q.dtype), dk, dv""")
 STYLE_BWD_ATOMICS = {"bwd_dkdv_kernel": _DKDV_WITH_DQ, "flash_attention_backward": _ATOMIC_LAUNCHER}
 assert "tl.atomic_add(" in _DKDV_WITH_DQ
 
 BWD_DQ_WITHOUT_ATOMICS = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.replace(
-    "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
-    "tl.store(DQ + q_where, dq_part, mask=q_mask)  # Bug: each key block overwrites the others' share of dQ"))
+    "tl.atomic_add(DQ + dq_where, dq_part, mask=q_mask)",
+    "tl.store(DQ + dq_where, dq_part, mask=q_mask)  # Bug: each key block overwrites the others' share of dQ"))
 
 # A read-modify-write of dQ with a plain load and store: right when programs run one after
 # another (the interpreter), updates lost when they run at once (a GPU).
 BWD_DQ_LOAD_ADD_STORE = dict(STYLE_BWD_ATOMICS, bwd_dkdv_kernel=_DKDV_WITH_DQ.replace(
-    "tl.atomic_add(DQ + q_where, dq_part, mask=q_mask)",
-    "tl.store(DQ + q_where, tl.load(DQ + q_where, mask=q_mask) + dq_part, mask=q_mask)  # Bug: not atomic"))
+    "tl.atomic_add(DQ + dq_where, dq_part, mask=q_mask)",
+    "tl.store(DQ + dq_where, tl.load(DQ + dq_where, mask=q_mask) + dq_part, mask=q_mask)  # Bug: not atomic"))
 
-BWD_P_FROM_EXP_S = edit("bwd_dq_kernel", "p = tl.where(keep, tl.exp(s - lse[:, None]), 0.0)",
-                        "p = tl.where(keep, tl.exp(s) / tl.exp(lse[:, None]), 0.0)  # Bug: exp(S) overflows")
+BWD_P_FROM_EXP_S = edit("bwd_dq_kernel", 'p = tl.exp(tl.where(keep, s, -float("inf")) - lse[:, None])',
+                        'p = tl.exp(tl.where(keep, s, -float("inf"))) / tl.exp(lse[:, None])  # Bug: exp(S) overflows')
 
 BWD_D_FROM_ONE_TILE = edit("bwd_dq_kernel", "ds = p * (dp - delta[:, None])",
                            "ds = p * (dp - tl.sum(p * dp, axis=1)[:, None])  # Bug: D from this key block only")
@@ -251,11 +254,11 @@ STYLE_BWD_UNEQUAL_BLOCKS = edit("flash_attention_backward", "block_m = block_n =
 BWD_GQA_NOT_SUMMED = edit("bwd_dkdv_kernel", "for g in range(GROUP):",
                           "for g in range(1):  # Bug: only the first query head of each group")
 
-# The kernels index q, k, v, o, do and lse as contiguous (B, H, N, D) arrays, and the launcher
-# does not make them so: right for contiguous inputs only.
-BWD_ASSUMES_CONTIGUOUS = {"flash_attention_backward": _edit(
-    "flash_attention_backward", "    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))\n    lse = lse.contiguous().float()",
-    "    lse = lse.float()   # Bug: the kernels assume contiguous inputs")}
+# The launcher passes the strides a contiguous tensor of the same shape would have: right for
+# contiguous inputs only.
+BWD_ASSUMES_CONTIGUOUS = edit(
+    "flash_attention_backward", "    strides = [t.stride()[:3] for t in (q, k, v, do)]",
+    "    strides = [torch.empty(t.shape).stride()[:3] for t in (q, k, v, do)]  # Bug: contiguous strides")
 
 # The head dimension cut at 64: D = 128 loses its last 64 columns.
 BWD_HEAD_DIM_CUT_AT_64 = edit("flash_attention_backward", "block_d = max(16, triton.next_power_of_2(head_dim))",
@@ -269,13 +272,13 @@ BWD_NXN_SCRATCH = edit("flash_attention_backward", "    block_m = block_n = 32\n
 # A placeholder never replaced: the dK/dV kernel stores zeros. It runs, stores every byte of dK
 # and dV, and compiles as well as any kernel; its results are wrong.
 BWD_DKDV_STORES_ZEROS = {"bwd_dkdv_kernel": _edit(
-    "bwd_dkdv_kernel", "tl.store(DK + kv_where, (dk_acc * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)",
-    "tl.store(DK + kv_where, tl.zeros_like(dk_acc).to(DK.dtype.element_ty), mask=kv_mask)  # Bug: a placeholder"
-).replace("tl.store(DV + kv_where, dv_acc.to(DV.dtype.element_ty), mask=kv_mask)",
-          "tl.store(DV + kv_where, tl.zeros_like(dv_acc).to(DV.dtype.element_ty), mask=kv_mask)")}
+    "bwd_dkdv_kernel", "tl.store(DK + out, (dk_acc * sm_scale).to(DK.dtype.element_ty), mask=kv_mask)",
+    "tl.store(DK + out, tl.zeros_like(dk_acc).to(DK.dtype.element_ty), mask=kv_mask)  # Bug: a placeholder"
+).replace("tl.store(DV + out, dv_acc.to(DV.dtype.element_ty), mask=kv_mask)",
+          "tl.store(DV + out, tl.zeros_like(dv_acc).to(DV.dtype.element_ty), mask=kv_mask)")}
 
 # Part of the results: dV is accumulated but never stored, so it is whatever torch.empty_like gave.
-BWD_DV_NEVER_STORED = edit("bwd_dkdv_kernel", "tl.store(DV + kv_where, dv_acc.to(DV.dtype.element_ty), mask=kv_mask)",
+BWD_DV_NEVER_STORED = edit("bwd_dkdv_kernel", "tl.store(DV + out, dv_acc.to(DV.dtype.element_ty), mask=kv_mask)",
                            "pass  # Bug: dv_acc is never stored")
 
 # The merge kernel stores zeros for every (sequence, head): the split kernel does the work, the
@@ -287,8 +290,8 @@ DECODE_MERGE_STORES_ZEROS = edit("decode_merge_kernel",
 
 # Kernels that run only in the interpreter: NumPy inside @triton.jit computes on the
 # interpreter's arrays, and a plain Python helper runs as Python; neither compiles for a GPU.
-BWD_NUMPY_IN_KERNEL = edit("bwd_dkdv_kernel", "p_t = tl.where(keep, tl.exp(s_t - lse[None, :]), 0.0)",
-                           "p_t = tl.where(keep, np.exp(s_t - lse[None, :]), 0.0)  # Bug: NumPy inside a kernel")
+BWD_NUMPY_IN_KERNEL = edit("bwd_dkdv_kernel", 'p_t = tl.exp(tl.where(keep, s_t, -float("inf")) - lse[None, :])',
+                           'p_t = np.exp(tl.where(keep, s_t, -float("inf")) - lse[None, :])  # Bug: NumPy inside a kernel')
 
 DECODE_PLAIN_PYTHON_HELPER = {"decode_split_kernel": """
 def _scaled_scores(k, q, sm_scale):   # Bug: a plain Python function (no @triton.jit) called by the kernel
@@ -426,8 +429,16 @@ DECODE_CHUNKS_FROM_FIRST = {"decode_attention": _edit(
     "num_chunks = triton.cdiv(int(cache_lens[0]), chunk)  # Bug: the first sequence's length").replace(
     "chunk = 64", "chunk = 256")}
 
-DECODE_ASSUMES_CONTIGUOUS = edit("decode_attention", "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))\n",
-                                 "    # Bug: the kernels assume contiguous inputs\n")
+# The launcher passes the strides of contiguous caches: right for contiguous caches only.
+DECODE_ASSUMES_CONTIGUOUS = edit(
+    "decode_attention", "*q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],",
+    "*q.stride()[:2], *torch.empty(k_cache.shape).stride()[:3], *torch.empty(v_cache.shape).stride()[:3],  # Bug")
+
+# A launcher that copies the caches to contiguous tensors (the old stubs' habit): right, but a
+# decoding step then moves the cache three times.
+DECODE_COPIES_THE_CACHE = edit(
+    "decode_attention", "    q = q if q.stride(-1) == 1 else q.contiguous()      # one row per head; the caches are read in place\n",
+    "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))   # Bug: copies the caches\n")
 
 # The merge weighs each chunk by l * exp(m): exp of a score in the hundreds overflows.
 DECODE_MERGE_WITHOUT_MAX = edit("decode_merge_kernel", "weight = l * tl.exp(m - top)",
@@ -447,13 +458,13 @@ def _copy(X, Y, n, BLOCK: tl.constexpr):
 
 """ + _edit("decode_attention", "chunk = 64", """copies = [torch.empty_like(t) for t in (k_cache, v_cache)]
     for src, dst in zip((k_cache, v_cache), copies):   # Bug: only this copy runs on many programs
-        _copy[(triton.cdiv(src.numel(), 256),)](src, dst, src.numel(), BLOCK=256)
+        _copy[(triton.cdiv(src.numel(), 256),)](src.contiguous(), dst, src.numel(), BLOCK=256)
     k_cache, v_cache = copies
     chunk = triton.next_power_of_2(max_len)""")}
 
 STYLE_DECODE_TORCH_MERGE = {"decode_attention": _edit(
     "decode_attention",
-    """    out = torch.empty_like(q)
+    """    out = torch.empty(q.shape, device=q.device, dtype=q.dtype)
     decode_merge_kernel[(batch * heads,)](m_part, l_part, o_part, out, head_dim, num_chunks,
                                           CHUNKS=max(2, triton.next_power_of_2(num_chunks)), BLOCK_D=block_d)
     return out""",
@@ -477,7 +488,7 @@ STYLE_BWD_GQA_ON_HOST = {"flash_attention_backward": _edit(
 
 # The kernels compute in float32 copies made by the launcher, which casts the gradients back.
 STYLE_BWD_FLOAT32_COPIES = {"flash_attention_backward": _edit(
-    "flash_attention_backward", "    q, k, v, o, do = (t.contiguous() for t in (q, k, v, o, do))",
+    "flash_attention_backward", "    q, k, v, o, do = (t if t.stride(-1) == 1 else t.contiguous() for t in (q, k, v, o, do))",
     "    dtype = q.dtype\n"
     "    q, k, v, o, do = (t.float().contiguous() for t in (q, k, v, o, do))").replace(
     "    return dq, dk, dv", "    return dq.to(dtype), dk.to(dtype), dv.to(dtype)")}
@@ -486,29 +497,60 @@ STYLE_BWD_FLOAT32_COPIES = {"flash_attention_backward": _edit(
 STYLE_DECODE_CHUNKS_FROM_LONGEST = edit("decode_attention", "num_chunks = triton.cdiv(max_len, chunk)",
                                         "num_chunks = triton.cdiv(int(cache_lens.max()), chunk)")
 
-# The split kernel reads q and the caches through their strides: no contiguous copies, and the
-# output allocated contiguous (the merge kernel writes it so).
-_STRIDED_SPLIT = _edit("decode_split_kernel", "num_heads, max_len, head_dim, num_chunks, sm_scale,",
-                       "num_heads, max_len, head_dim, num_chunks, sm_scale,\n"
-                       "                        sqb, sqh, sqd, skb, skh, skn, skd, svb, svh, svn, svd,").replace(
-    "(contiguous inputs)", "(inputs of any strides)")
-for old, new in [
-        ("q = tl.load(Q + off_bh * head_dim + offs_d,",
-         "b, h = off_bh // num_heads, off_bh % num_heads\n    q = tl.load(Q + b * sqb + h * sqh + offs_d * sqd,"),
-        ("cache = K + (off_bh // GROUP) * max_len * head_dim", "cache = K + b * skb + (h // GROUP) * skh"),
-        ("values = V + (off_bh // GROUP) * max_len * head_dim", "values = V + b * svb + (h // GROUP) * svh"),
-        ("k = tl.load(cache + where,", "k = tl.load(cache + offs_n[:, None] * skn + offs_d[None, :] * skd,"),
-        ("v = tl.load(values + where,", "v = tl.load(values + offs_n[:, None] * svn + offs_d[None, :] * svd,")]:
-    assert _STRIDED_SPLIT.count(old) == 1, old
-    _STRIDED_SPLIT = _STRIDED_SPLIT.replace(old, new)
-_STRIDED_LAUNCHER = _edit("decode_attention", "    q, k_cache, v_cache = (t.contiguous() for t in (q, k_cache, v_cache))\n", "")
-for old, new in [("m_part, l_part, o_part, heads, max_len, head_dim, num_chunks, sm_scale,",
-                  "m_part, l_part, o_part, heads, max_len, head_dim, num_chunks, sm_scale,\n"
-                  "        *q.stride(), *k_cache.stride(), *v_cache.stride(),"),
-                 ("out = torch.empty_like(q)", "out = torch.empty(q.shape, device=q.device, dtype=q.dtype)")]:
-    assert _STRIDED_LAUNCHER.count(old) == 1, old
-    _STRIDED_LAUNCHER = _STRIDED_LAUNCHER.replace(old, new)
-STYLE_DECODE_STRIDED = {"decode_split_kernel": _STRIDED_SPLIT, "decode_attention": _STRIDED_LAUNCHER}
+# One program per (chunk, sequence, key/value head) for all the query heads of its group: each key
+# and value is loaded once for the group (the grid is GROUP times smaller, still split), and the
+# group's scores are a (GROUP, BLOCK_N) tile.
+_GROUPED_SPLIT = """
+@triton.jit
+def decode_split_kernel(Q, K, V, Lens, M_part, L_part, O_part, num_heads, head_dim, num_chunks, sm_scale,
+                        stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
+                        GROUP: tl.constexpr, GROUP_P2: tl.constexpr, CHUNK: tl.constexpr, BLOCK_N: tl.constexpr,
+                        BLOCK_D: tl.constexpr):
+    chunk, off_bkv = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    kv_heads = num_heads // GROUP
+    b, j = off_bkv // kv_heads, off_bkv % kv_heads
+    length = tl.load(Lens + b)
+    rows = tl.arange(0, GROUP_P2)                        # the group's query heads j * GROUP + rows
+    offs_d = tl.arange(0, BLOCK_D)
+    row_ok = rows < GROUP
+    q = tl.load(Q + b * stride_qb + (j * GROUP + rows[:, None]) * stride_qh + offs_d[None, :],
+                mask=row_ok[:, None] & (offs_d[None, :] < head_dim), other=0.0).to(tl.float32)
+    m = tl.full([GROUP_P2], -float("inf"), dtype=tl.float32)
+    l = tl.zeros([GROUP_P2], dtype=tl.float32)
+    acc = tl.zeros([GROUP_P2, BLOCK_D], dtype=tl.float32)
+    for start in range(chunk * CHUNK, chunk * CHUNK + CHUNK, BLOCK_N):
+        cols = start + tl.arange(0, BLOCK_N)
+        valid = cols < length
+        mask = valid[:, None] & (offs_d[None, :] < head_dim)
+        k = tl.load(K + b * stride_kb + j * stride_kh + cols[:, None] * stride_kn + offs_d[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        v = tl.load(V + b * stride_vb + j * stride_vh + cols[:, None] * stride_vn + offs_d[None, :],
+                    mask=mask, other=0.0).to(tl.float32)
+        s = tl.sum(q[:, None, :] * k[None, :, :], axis=2) * sm_scale          # (GROUP_P2, BLOCK_N)
+        s = tl.where(valid[None, :], s, -float("inf"))
+        m_new = tl.maximum(m, tl.max(s, axis=1))
+        shift = tl.where(m_new == -float("inf"), 0.0, m_new)
+        alpha = tl.exp(m - shift)
+        p = tl.exp(s - shift[:, None])
+        l = l * alpha + tl.sum(p, axis=1)
+        acc = acc * alpha[:, None] + tl.sum(p[:, :, None] * v[None, :, :], axis=1)
+        m = m_new
+    off_bh = b * num_heads + j * GROUP + rows
+    tl.store(M_part + off_bh * num_chunks + chunk, m, mask=row_ok)
+    tl.store(L_part + off_bh * num_chunks + chunk, l, mask=row_ok)
+    o = acc / tl.where(l > 0, l, 1.0)[:, None]
+    tl.store(O_part + (off_bh[:, None] * num_chunks + chunk) * head_dim + offs_d[None, :], o,
+             mask=row_ok[:, None] & (offs_d[None, :] < head_dim))
+"""
+_GROUPED_LAUNCHER = _edit("decode_attention", """    decode_split_kernel[(num_chunks, batch * heads)](
+        q, k_cache, v_cache, lens, m_part, l_part, o_part, heads, head_dim, num_chunks, sm_scale,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
+        GROUP=heads // kv_heads, CHUNK=chunk, BLOCK_N=32, BLOCK_D=block_d)""", """    group = heads // kv_heads
+    decode_split_kernel[(num_chunks, batch * kv_heads)](
+        q, k_cache, v_cache, lens, m_part, l_part, o_part, heads, head_dim, num_chunks, sm_scale,
+        *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3],
+        GROUP=group, GROUP_P2=triton.next_power_of_2(group), CHUNK=chunk, BLOCK_N=32, BLOCK_D=block_d)""")
+STYLE_DECODE_GROUPED = {"decode_split_kernel": _GROUPED_SPLIT, "decode_attention": _GROUPED_LAUNCHER}
 
 MERGE_CELLS = {"test_merge_softmax_states", "test_merge_values_hidden", "test_merge_extreme_hidden"}
 TILED_CELLS = {"test_tiled_attention_backward", "test_tiled_bwd_output_hidden", "test_tiled_bwd_causal_hidden",
@@ -545,7 +587,7 @@ BUGGY = {
     # Right in the interpreter, but its plain stores by several programs break the rules for kernels,
     # on the compiled calls as well.
     "bwd_dq_load_add_store_without_atomics": (BWD_DQ_LOAD_ADD_STORE, BWD_HIDDEN | {"test_bwd_compiles_hidden"}),
-    "bwd_p_from_exp_s": (BWD_P_FROM_EXP_S, {"test_bwd_scale_hidden"}),
+    "bwd_p_from_exp_s": (BWD_P_FROM_EXP_S, {"test_flash_attention_backward", "test_bwd_scale_hidden"}),
     "bwd_d_from_one_key_block": (BWD_D_FROM_ONE_TILE, BWD_KERNEL_CELLS),
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS | {"test_bwd_compiles_hidden"}),
     # The scale cell's last case has grouped heads too (large scores with one key head for two).
@@ -553,8 +595,8 @@ BUGGY = {
                                                 "test_bwd_scale_hidden"}),
     "bwd_assumes_contiguous_inputs": (BWD_ASSUMES_CONTIGUOUS,
                                       {"test_flash_attention_backward", "test_bwd_output_hidden"}),
-    "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_bwd_output_hidden"}),
-    "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_bwd_memory_hidden"}),
+    "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_flash_attention_backward", "test_bwd_output_hidden"}),
+    "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_flash_attention_backward", "test_bwd_memory_hidden"}),
     "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
     # Kernels that run and compile but do not compute the results lose the compile cell with the others.
     "bwd_dkdv_kernel_stores_zeros": (BWD_DKDV_STORES_ZEROS, BWD_KERNEL_CELLS),
@@ -564,17 +606,23 @@ BUGGY = {
     # inputs (torch.empty_like keeps the strides), so the visible non-contiguous test fails too.
     "bwd_gradients_in_torch": (BWD_GRADS_IN_TORCH, BWD_KERNEL_CELLS),
     "bwd_gradients_in_numpy": (BWD_GRADS_IN_NUMPY, BWD_HIDDEN | {"test_flash_attention_backward"}),
-    "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN | {"test_bwd_compiles_hidden"}),
-    # Only the memory cell sees the N x N buffers; the products are the notebook's own kernels'.
-    "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, {"test_bwd_memory_hidden"}),
+    "bwd_books_staged_kernels": (BWD_BOOK_KERNELS, BWD_HIDDEN | {"test_flash_attention_backward",
+                                                                 "test_bwd_compiles_hidden"}),
+    # Only the cells that look at memory see the N x N buffers; the products are the notebook's own kernels'.
+    "bwd_copied_staged_kernels": (BWD_COPIED_STAGED_KERNELS, {"test_flash_attention_backward",
+                                                              "test_bwd_memory_hidden"}),
     "decode_in_numpy": (DECODE_IN_NUMPY, {"test_decode_output_hidden", "test_decode_split_hidden"}),
     "decode_one_program_per_head": (DECODE_ONE_PROGRAM_PER_HEAD, {"test_decode_split_hidden"}),
     "decode_chunks_from_first_length": (DECODE_CHUNKS_FROM_FIRST, {"test_decode_attention", "test_decode_output_hidden"}),
+    # The long-cache cell's caches are windows of longer buffers: its outputs are wrong too.
     "decode_assumes_contiguous_inputs": (DECODE_ASSUMES_CONTIGUOUS,
-                                         {"test_decode_attention", "test_decode_output_hidden"}),
-    "decode_merge_without_max": (DECODE_MERGE_WITHOUT_MAX, {"test_decode_output_hidden"}),
+                                         {"test_decode_attention", "test_decode_output_hidden",
+                                          "test_decode_split_hidden"}),
+    "decode_merge_without_max": (DECODE_MERGE_WITHOUT_MAX, {"test_decode_attention", "test_decode_output_hidden"}),
     "decode_plain_python_helper_in_a_kernel": (DECODE_PLAIN_PYTHON_HELPER, {"test_decode_compiles_hidden"}),
     "decode_copy_kernel_then_one_program_per_head": (DECODE_COPY_THEN_UNSPLIT, {"test_decode_split_hidden"}),
+    # The visible test and the long-cache cell see the copy; the outputs are right.
+    "decode_copies_the_cache": (DECODE_COPIES_THE_CACHE, {"test_decode_attention", "test_decode_split_hidden"}),
 }
 
 CORRECT = {
@@ -587,7 +635,7 @@ CORRECT = {
     "bwd_grouped_heads_on_the_host": STYLE_BWD_GQA_ON_HOST,
     "bwd_float32_copies": STYLE_BWD_FLOAT32_COPIES,
     "decode_chunks_from_the_longest": STYLE_DECODE_CHUNKS_FROM_LONGEST,
-    "decode_strided_kernel": STYLE_DECODE_STRIDED,
+    "decode_one_program_per_key_value_head": STYLE_DECODE_GROUPED,
 }
 
 # Planted answers that the integrity report must flag for a person to look at.
