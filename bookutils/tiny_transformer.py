@@ -5,15 +5,57 @@ on one thread, so rebuilding a page on the same machine shows the same numbers.
 The attention layer exposes the choices the book compares: the factor applied
 to the scores (1/sqrt(d_k), none, 1/d_k, none with the factor folded into
 W_Q's initialisation, or queries and keys normalised first), post-norm or
-pre-norm, a causal mask, an optional learned position table and optional
-dropout. Each layer keeps its last attention weights for plotting."""
+pre-norm, a causal mask, how positions enter (a learned or a sinusoidal table
+added to the embeddings, rotary embeddings of the queries and keys, ALiBi's
+linear biases of the scores, or none) and optional dropout. Each layer keeps
+its last attention weights for plotting."""
 from contextlib import contextmanager
 
 import torch
 from torch import nn
 import torch.nn.functional as F
 
+from bookutils.positions import sinusoidal_table
+
 IGNORE = -100   # target value that the loss skips (F.cross_entropy's ignore_index)
+ROPE_BASE = 10000.0
+
+
+# ---- positions inside attention: rotary embeddings and ALiBi
+
+def rope_frequencies(d_head, base=ROPE_BASE):
+    """The angular frequency w_l = base^(-2l / d_head) of each coordinate pair (2l, 2l+1)."""
+    return base ** (-torch.arange(0, d_head, 2, dtype=torch.float64) / d_head)
+
+
+def ntk_base(factor, d_head, base=ROPE_BASE):
+    """The base of "NTK-aware" scaling for a context `factor` times longer:
+    base * factor^(d_head / (d_head - 2)), which leaves w_0 as it is and divides
+    the lowest frequency, that of the last pair, by exactly `factor`."""
+    return base * factor ** (d_head / (d_head - 2))
+
+
+def rope_angles(n, d_head, stretch=1.0, base=ROPE_BASE):
+    """The angle (t / stretch) * w_l of every position t < n and pair l: (n, d_head/2).
+    stretch > 1 is position interpolation; a larger base is frequency scaling."""
+    t = torch.arange(n, dtype=torch.float64) / stretch
+    return t[:, None] * rope_frequencies(d_head, base)[None, :]
+
+
+def rotate_pairs(x, angles):
+    """Rotate the coordinate pairs (2l, 2l+1) of x (..., n, d) by angles (n, d/2), as
+    the rope function of the positional-encoding page does."""
+    cos, sin = angles.cos().to(x.dtype), angles.sin().to(x.dtype)
+    even, odd = x[..., ::2], x[..., 1::2]
+    return torch.stack([even * cos - odd * sin, even * sin + odd * cos], dim=-1).flatten(-2)
+
+
+def alibi_slopes(n_heads):
+    """ALiBi's slope of each head: the geometric sequence 2^(-8/H), 2^(-16/H), ..., 2^(-8)
+    for H heads, H a power of two."""
+    if n_heads & (n_heads - 1):
+        raise ValueError("ALiBi's slopes are defined here for a power of two heads")
+    return 2.0 ** (-8.0 * torch.arange(1, n_heads + 1, dtype=torch.float64) / n_heads)
 
 
 class SelfAttention(nn.Module):
@@ -25,11 +67,18 @@ class SelfAttention(nn.Module):
     initial scores equal those of "sqrt" (the T5 choice), and "qknorm" scales
     each query and key to unit length and multiplies their dot product by a
     learned factor that starts at sqrt(d_head), so that no score can exceed
-    that factor in size. causal=True lets query i see keys j <= i only."""
+    that factor in size. causal=True lets query i see keys j <= i only.
 
-    def __init__(self, d_model, n_heads, d_head, scale="sqrt", causal=False):
+    positions="rope" rotates each query and key pair (2l, 2l+1) by the angle
+    (t / rope_stretch) * w_l at its position t, with w_l computed from
+    rope_base; both attributes may be changed after training (position
+    interpolation divides the positions, NTK-aware scaling raises the base).
+    positions="alibi" adds -slope * |i - j| to the scores, one slope per head."""
+
+    def __init__(self, d_model, n_heads, d_head, scale="sqrt", causal=False, positions=None):
         super().__init__()
         self.n_heads, self.d_head, self.causal, self.qk_norm = n_heads, d_head, causal, scale == "qknorm"
+        self.positions, self.rope_base, self.rope_stretch = positions, ROPE_BASE, 1.0
         self.factor = {"sqrt": d_head ** -0.5, "none": 1.0, "linear": 1.0 / d_head, "fold": 1.0,
                        "qknorm": 1.0}[scale]
         self.gain = nn.Parameter(torch.tensor(float(d_head) ** 0.5)) if self.qk_norm else None
@@ -50,7 +99,14 @@ class SelfAttention(nn.Module):
         q, k, v = split(self.q(x)), split(self.k(x)), split(self.v(x))
         if self.qk_norm:
             q, k = self.gain * F.normalize(q, dim=-1), F.normalize(k, dim=-1)
+        if self.positions == "rope":
+            angles = rope_angles(n, self.d_head, self.rope_stretch, self.rope_base)     # (n, d_head/2)
+            q, k = rotate_pairs(q, angles), rotate_pairs(k, angles)
         scores = self.factor * q @ k.transpose(-1, -2)                              # (b, h, n, n)
+        if self.positions == "alibi":
+            t = torch.arange(n)
+            distance = (t[:, None] - t[None, :]).abs()
+            scores = scores - (alibi_slopes(self.n_heads)[:, None, None] * distance).to(scores.dtype)
         if self.causal:
             scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
         self.scores = scores.detach()
@@ -66,10 +122,10 @@ class Block(nn.Module):
     the residual stream (in training mode only, as nn.Dropout does); with the
     default 0 nothing is added to the computation."""
 
-    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale, causal=False, dropout=0.0):
+    def __init__(self, d_model, n_heads, d_head, d_ff, pre_norm, scale, causal=False, dropout=0.0, positions=None):
         super().__init__()
         self.pre_norm = pre_norm
-        self.attn = SelfAttention(d_model, n_heads, d_head, scale, causal)
+        self.attn = SelfAttention(d_model, n_heads, d_head, scale, causal, positions)
         self.ffn = nn.Sequential(nn.Linear(d_model, d_ff), nn.ReLU(), nn.Linear(d_ff, d_model))
         self.ln1, self.ln2 = nn.LayerNorm(d_model), nn.LayerNorm(d_model)
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
@@ -89,16 +145,25 @@ class TinyTransformer(nn.Module):
     (batch, tokens, n_targets, n_classes) and, with hidden=True, also the final
     token representations. dropout > 0 drops out the sum of the embeddings and
     every sublayer's output before its residual addition (Vaswani et al.'s
-    placement), in training mode only: model.eval() turns it off."""
+    placement), in training mode only: model.eval() turns it off.
+
+    positions chooses how order enters: None, a learned table when max_len is
+    given and nothing otherwise; "sinusoidal", the fixed table of
+    bookutils.positions added to the embeddings, for any length; "rope" and
+    "alibi", inside every attention layer (SelfAttention says how)."""
 
     def __init__(self, vocab, n_classes, n_targets=1, d_model=64, n_heads=2, n_layers=1, d_ff=128,
-                 max_len=None, pre_norm=True, d_head=None, scale="sqrt", causal=False, dropout=0.0):
+                 max_len=None, pre_norm=True, d_head=None, scale="sqrt", causal=False, dropout=0.0,
+                 positions=None):
         super().__init__()
-        self.n_targets, self.n_classes = n_targets, n_classes
+        if positions not in (None, "sinusoidal", "rope", "alibi") or (positions and max_len):
+            raise ValueError("positions is None (with or without max_len), 'sinusoidal', 'rope' or 'alibi'")
+        self.n_targets, self.n_classes, self.positions = n_targets, n_classes, positions
         self.embed = nn.Embedding(vocab, d_model)
         self.pos = nn.Embedding(max_len, d_model) if max_len else None
+        inside = positions if positions in ("rope", "alibi") else None
         self.blocks = nn.ModuleList(Block(d_model, n_heads, d_head or d_model // n_heads, d_ff,
-                                          pre_norm, scale, causal, dropout) for _ in range(n_layers))
+                                          pre_norm, scale, causal, dropout, inside) for _ in range(n_layers))
         self.drop = nn.Dropout(dropout) if dropout else nn.Identity()
         # A pre-norm stack leaves its residual stream unnormalised; normalise it once at the end.
         self.final_ln = nn.LayerNorm(d_model) if pre_norm else nn.Identity()
@@ -108,12 +173,19 @@ class TinyTransformer(nn.Module):
         x = self.embed(tokens)
         if self.pos is not None:
             x = x + self.pos(torch.arange(tokens.shape[1]))
+        elif self.positions == "sinusoidal":
+            x = x + torch.from_numpy(sinusoidal_table(tokens.shape[1], x.shape[-1])).to(x.dtype)
         x = self.drop(x)
         for block in self.blocks:
             x = block(x)
         h = self.final_ln(x)
         logits = self.readout(h).view(*tokens.shape, self.n_targets, self.n_classes)
         return (logits, h) if hidden else logits
+
+    def scale_rope(self, stretch=1.0, base=ROPE_BASE):
+        """Set every layer's rotary positions: t / stretch, frequencies from base."""
+        for block in self.blocks:
+            block.attn.rope_stretch, block.attn.rope_base = stretch, base
 
     def attention_weights(self):
         """Weights of the last forward pass, one (batch, heads, n, n) tensor per layer."""

@@ -126,3 +126,77 @@ def test_after_step_sees_every_step():
     seen = []
     train(mirror_model(), mirror_and_previous, 5, after_step=lambda step, model: seen.append(step))
     assert seen == [0, 1, 2, 3, 4]
+
+
+# ---- positions for length extrapolation: ALiBi, rotary angles and their rescalings
+
+def test_alibi_slopes_follow_the_paper():
+    from bookutils.tiny_transformer import alibi_slopes
+    import pytest
+    # Press et al.: 8 heads get 1/2, 1/4, ..., 1/256; 16 heads start at 1/sqrt(2) with ratio 1/sqrt(2)
+    assert alibi_slopes(8).tolist() == [1 / 2 ** k for k in range(1, 9)]
+    torch.testing.assert_close(alibi_slopes(16), torch.tensor([2 ** -(k / 2) for k in range(1, 17)],
+                                                              dtype=torch.float64))
+    assert alibi_slopes(4).tolist() == [0.25, 0.0625, 0.015625, 0.00390625]
+    with pytest.raises(ValueError):
+        alibi_slopes(6)
+
+
+def test_alibi_subtracts_the_slope_times_the_distance_from_every_score():
+    from bookutils.tiny_transformer import alibi_slopes
+    torch.manual_seed(0)
+    biased = TinyTransformer(12, 12, n_heads=4, causal=True, positions="alibi")
+    plain = TinyTransformer(12, 12, n_heads=4, causal=True)
+    plain.load_state_dict(biased.state_dict())
+    x = torch.randint(12, (2, 9), generator=gen())
+    biased(x), plain(x)
+    i, j = torch.meshgrid(torch.arange(9), torch.arange(9), indexing="ij")
+    kept = j <= i
+    for h, slope in enumerate(alibi_slopes(4).tolist()):
+        a, b = biased.blocks[0].attn.scores[:, h], plain.blocks[0].attn.scores[:, h]
+        torch.testing.assert_close(a[:, kept], b[:, kept] - slope * (i - j)[kept].float())
+        assert torch.isinf(a[:, ~kept]).all()
+
+
+def test_rotary_angles_and_their_rescalings():
+    import numpy as np
+    from bookutils.tiny_transformer import ntk_base, rope_angles
+    d, n = 16, 40
+    freqs = 1.0 / 10000.0 ** (np.arange(d // 2) * 2 / d)
+    np.testing.assert_allclose(rope_angles(n, d).numpy(), np.outer(np.arange(n), freqs))
+    # position interpolation: position t turns as position t / stretch did
+    np.testing.assert_allclose(rope_angles(n, d, stretch=4).numpy(), np.outer(np.arange(n) / 4, freqs))
+    # NTK-aware base: the fastest pair unchanged, the slowest divided by exactly the factor, the others by less
+    scaled = rope_angles(n, d, base=ntk_base(4, d)).numpy()[1] / freqs
+    assert abs(scaled[0] - 1) < 1e-12 and abs(scaled[-1] - 0.25) < 1e-12
+    assert np.all(np.diff(scaled) < 0) and np.all((scaled[1:-1] > 0.25) & (scaled[1:-1] < 1))
+
+
+def test_rotate_pairs_is_a_complex_multiplication_and_rope_scores_see_only_offsets():
+    from bookutils.tiny_transformer import rope_angles, rotate_pairs
+    x = torch.randn(3, 5, 8, generator=gen(), dtype=torch.float64)
+    angles = rope_angles(5, 8)
+    z = torch.complex(x[..., ::2], x[..., 1::2]) * torch.polar(torch.ones_like(angles), angles)
+    rotated = rotate_pairs(x, angles)
+    torch.testing.assert_close(torch.complex(rotated[..., ::2], rotated[..., 1::2]), z)
+    # one token repeated: every score depends on i - j only, with and without interpolation
+    torch.manual_seed(0)
+    model = TinyTransformer(5, 5, n_heads=2, positions="rope")
+    for stretch in (1.0, 4.0):
+        model.scale_rope(stretch=stretch)
+        model(torch.full((1, 12), 3))
+        scores = model.blocks[0].attn.scores[0]
+        for offset in range(-11, 12):
+            diagonal = torch.diagonal(scores, offset=offset, dim1=-2, dim2=-1)
+            assert (diagonal.amax(-1) - diagonal.amin(-1)).max() < 1e-4
+
+
+def test_sinusoidal_positions_add_the_table_to_the_embeddings():
+    from bookutils.positions import sinusoidal_table
+    torch.manual_seed(0)
+    model = TinyTransformer(7, 7, d_model=16, positions="sinusoidal")
+    seen = []
+    model.blocks[0].register_forward_pre_hook(lambda module, args: seen.append(args[0]))
+    x = torch.randint(7, (2, 50), generator=gen())                   # any length: no table to run out of
+    model(x)
+    torch.testing.assert_close(seen[0], model.embed(x) + torch.from_numpy(sinusoidal_table(50, 16)).float())
