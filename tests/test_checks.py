@@ -38,13 +38,17 @@ def run_cell(code, ns, label):
 
 def cells(assignment, overrides):
     """(label, code) of the cells that define a student's functions, in the
-    notebook's order: the setup cell, then every solution cell's code, with
-    `overrides` (grade_id -> code) in place of some."""
+    notebook's order: the setup cell, the given cells that only define names
+    (Chapter 4's forward kernel, which its capstone's solutions call), and every
+    solution cell's code, with `overrides` (grade_id -> code) in place of some."""
     found = []
     for cell in nbformat.read(source(assignment), as_version=4).cells:
         meta = nbgrader_meta(cell)
         if meta.get("grade_id") == "setup":
             found.append(("setup", cell.source))
+        elif cell.cell_type == "code" and not meta.get("solution") and not meta.get("grade") \
+                and not _binds_and_reads(cell.source)[2]:
+            found.append((meta["grade_id"], cell.source))   # a given cell that only defines (the book's kernel)
         elif meta.get("solution") and cell.cell_type == "code":
             found.append((meta["grade_id"], overrides.get(meta["grade_id"], solution_code(cell))))
     return found

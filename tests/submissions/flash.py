@@ -645,3 +645,108 @@ FLAGGED = {**{case: {"imports the book's helpers"}
               for case in ("bwd_gradients_in_numpy", "decode_in_numpy")},
            # Memory the process hides from tracemalloc, counted by the kernel: reported for a person.
            "tiled_bwd_strips_in_memory_maps": {"sandbox: memory measurements disagree"}}
+
+
+# === Exercise 7: the capstone (kernel_attention, generate) ========================================
+# Its own section: the strings, then its entries added to BUGGY and CORRECT, then the earlier
+# kernel mistakes that also reach the capstone's cells (the capstone runs the student's kernels).
+
+
+# The projections' heads tiled instead of grouped: query head h reads key/value head h % H_kv.
+GLUE_TILED_HEADS = _edit("kernel_attention", "    heads_first = [t.transpose(1, 2) for t in (q, k, v)]\n", """    group = q.shape[2] // k.shape[2]
+    k, v = (t.repeat(1, 1, group, 1) for t in (k, v))     # Bug: heads tiled, not grouped
+    heads_first = [t.transpose(1, 2) for t in (q, k, v)]
+""")
+GLUE_NOT_CAUSAL = _edit("kernel_attention", "*heads_first, True, None)", "*heads_first, False, None)")
+STYLE_GLUE_CONTIGUOUS = """
+def kernel_attention(q, k, v):
+    q, k, v = (t.permute(0, 2, 1, 3).contiguous() for t in (q, k, v))
+    out = FlashAttention.apply(q, k, v, True, 1.0 / math.sqrt(q.shape[-1]))
+    return out.permute(0, 2, 1, 3)
+"""
+# The lengths handed to decode_attention leave out the key just appended.
+GENERATE_LENGTH_OFF_BY_ONE = _edit("generate", "cache[1, :, :, :window], lengths + 1)",
+                                   "cache[1, :, :, :window], lengths)  # Bug: the new key is not counted")
+# No cache: the whole sequence through the model at every step (right tokens, N times the work).
+GENERATE_RECOMPUTES = """
+def generate(model, prompts, n_new):
+    out = []
+    with torch.no_grad():
+        for prompt in prompts:
+            sequence = prompt[None]
+            for _ in range(n_new):
+                token = model(sequence, kernel_attention)[0, -1].argmax()
+                sequence = torch.cat([sequence, token.view(1, 1)], dim=1)
+            out.append(sequence[0, len(prompt):])
+    return torch.stack(out)
+"""
+# A cache that grows by torch.cat at every step: a copy of the whole cache per token and layer.
+GENERATE_CONCATENATES = _edit("generate", """                cache[0, rows, :, lengths] = k[:, 0]
+                cache[1, rows, :, lengths] = v[:, 0]
+                attended = decode_attention(q[:, 0], cache[0, :, :, :window], cache[1, :, :, :window], lengths + 1)""",
+                              """                grown = torch.cat([cache[:, :, :, :window - 1], torch.zeros_like(cache[:, :, :, :1])], 3)
+                grown[0, rows, :, lengths] = k[:, 0]
+                grown[1, rows, :, lengths] = v[:, 0]
+                cache[:, :, :, :window] = grown
+                attended = decode_attention(q[:, 0], grown[0], grown[1], lengths + 1)""")
+GENERATE_RETURNS_LIST = _edit("generate", "    return torch.stack(tokens, dim=1)",
+                              "    return [row.tolist() for row in torch.stack(tokens, dim=1)]")
+# The cache laid out (n_batch, L_max, H_kv, d), as the projections come, and read as
+# (n_batch, H_kv, L_max, d) views; one buffer per layer for keys and one for values.
+STYLE_GENERATE_POSITIONS_FIRST = """
+def generate(model, prompts, n_new):
+    device = model.out.weight.device
+    lens = torch.tensor([len(p) for p in prompts], device=device)
+    size = (len(prompts), int(lens.max()) + n_new + 8, model.kv_heads, model.head_dim)
+    keys = [torch.zeros(size, device=device) for _ in model.blocks]
+    values = [torch.zeros(size, device=device) for _ in model.blocks]
+    firsts = []
+    with torch.no_grad():
+        for b, prompt in enumerate(prompts):
+            x = model.embed(prompt)[None]
+            for block, kc, vc in zip(model.blocks, keys, values):
+                q, k, v = block.project(x, torch.arange(len(prompt), device=device))
+                kc[b, :len(prompt)], vc[b, :len(prompt)] = k[0], v[0]
+                x = block.finish(x, kernel_attention(q, k, v))
+            firsts.append(model.logits(x)[0, -1].argmax())
+        new = [torch.stack(firsts)]
+        batch = torch.arange(len(prompts), device=device)
+        for _ in range(n_new - 1):
+            x = model.embed(new[-1]).unsqueeze(1)
+            for block, kc, vc in zip(model.blocks, keys, values):
+                q, k, v = block.project(x, lens.unsqueeze(1))
+                kc[batch, lens], vc[batch, lens] = k[:, 0], v[:, 0]
+                x = block.finish(x, decode_attention(q[:, 0], kc.transpose(1, 2), vc.transpose(1, 2),
+                                                     lens + 1).unsqueeze(1))
+            lens = lens + 1
+            new.append(model.logits(x[:, 0]).argmax(dim=-1))
+    return torch.stack(new, dim=1)
+"""
+GENERATE_LENGTH_ONE_TOO_MANY = _edit("generate", "cache[1, :, :, :window], lengths + 1)",
+                                     "cache[1, :, :, :window + 1], lengths + 2)  # Bug: one slot too many")
+
+CAPSTONE_TRAINING = {"test_capstone_training_hidden"}
+CAPSTONE_GENERATE = {"test_capstone_generate_hidden"}
+CAPSTONE_CACHE = {"test_capstone_cache_hidden"}
+
+BUGGY.update({
+    "capstone_heads_tiled_not_grouped": ({"kernel_attention": GLUE_TILED_HEADS}, CAPSTONE_TRAINING | CAPSTONE_GENERATE),
+    "capstone_attention_not_causal": ({"kernel_attention": GLUE_NOT_CAUSAL}, CAPSTONE_TRAINING | CAPSTONE_GENERATE),
+    "capstone_new_key_not_counted": ({"generate": GENERATE_LENGTH_OFF_BY_ONE}, CAPSTONE_GENERATE),
+    "capstone_one_key_too_many": ({"generate": GENERATE_LENGTH_ONE_TOO_MANY}, CAPSTONE_GENERATE),
+    "capstone_recomputes_without_cache": ({"generate": GENERATE_RECOMPUTES}, CAPSTONE_CACHE),
+    "capstone_cache_concatenated_each_step": ({"generate": GENERATE_CONCATENATES}, CAPSTONE_CACHE),
+    "capstone_returns_a_list": ({"generate": GENERATE_RETURNS_LIST}, CAPSTONE_GENERATE),
+})
+CORRECT.update({
+    "capstone_contiguous_copies_for_the_kernels": {"kernel_attention": STYLE_GLUE_CONTIGUOUS},
+    "capstone_cache_positions_first": {"generate": STYLE_GENERATE_POSITIONS_FIRST},
+})
+# Earlier mistakes that the capstone's runs meet as well: wrong gradients (or the book's kernels)
+# change the training's losses; wrong decoding outputs change the generated tokens.
+for _case in ("bwd_assumes_contiguous_inputs", "bwd_books_staged_kernels", "bwd_dk_without_scale",
+              "bwd_dkdv_kernel_stores_zeros", "bwd_dq_without_scale", "bwd_ds_without_d", "bwd_dv_never_stored",
+              "bwd_gqa_not_summed", "bwd_gradients_in_numpy", "bwd_gradients_in_torch", "bwd_no_causal_mask"):
+    BUGGY[_case] = (BUGGY[_case][0], BUGGY[_case][1] | CAPSTONE_TRAINING)
+for _case in ("decode_assumes_contiguous_inputs", "decode_merge_stores_zeros"):
+    BUGGY[_case] = (BUGGY[_case][0], BUGGY[_case][1] | CAPSTONE_GENERATE)
