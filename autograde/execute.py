@@ -82,9 +82,10 @@ def _not_run(reason):
 
 
 def _measuring_setup_helpers(ns):
-    """The notebooks' setup defines peak_bytes(fn, *args); measured here it would
-    see only the proxy, so a student function is measured as the hidden tests
-    measure it: in its own process and by the kernel (autograde.memory)."""
+    """The notebooks' setup defines peak_bytes(fn, *args) (and Chapter 4's
+    new_tensors(fn, *args)); measured here they would see only the proxy, so a
+    student function is measured as the hidden tests measure it: in its own
+    process, and peak memory by the kernel (autograde.memory)."""
     from autograde.memory import numpy_peak
     from autograde.sandbox import find_remote
 
@@ -96,6 +97,17 @@ def _measuring_setup_helpers(ns):
                 return numpy_peak(fn, *args)[1]
             return local(fn, *args)
         ns["peak_bytes"] = peak_bytes
+    if callable(ns.get("new_tensors")):   # Chapter 4: the tensors a launcher's PyTorch code makes
+        local_new = ns["new_tensors"]
+
+        def new_tensors(fn, *args, **kwargs):
+            if find_remote([fn, *args, *kwargs.values()]) is not None:
+                from autograde.sandbox import in_student_process
+                from student_runtime import probes
+
+                return tuple(in_student_process(probes.new_tensors_during, fn, list(args), dict(kwargs)))
+            return local_new(fn, *args, **kwargs)
+        ns["new_tensors"] = new_tensors
 
 
 def numpy_graded(notebook):

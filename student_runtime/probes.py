@@ -57,6 +57,32 @@ def _operator_recorder():
 
 # ---------------------------------------------------------------- Chapter 4: launchers of Triton kernels
 
+def new_tensors_during(fn, args, kwargs):
+    """(fn(*args, **kwargs), [(shape, bytes)] of each tensor that a PyTorch operator made during
+    the call, views of the operator's tensor arguments left out): what Chapter 4's setup helper
+    `new_tensors` reports, taken where the student's code runs."""
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+    from torch.utils._pytree import tree_leaves
+
+    made = []
+
+    def storage(t):
+        return t.untyped_storage().data_ptr()
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            result = func(*args, **(kwargs or {}))
+            known = {storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)}
+            made.extend((tuple(t.shape), t.numel() * t.element_size()) for t in tree_leaves(result)
+                        if isinstance(t, torch.Tensor) and storage(t) not in known)
+            return result
+
+    with Watch():
+        result = fn(*args, **kwargs)
+    return result, made
+
+
 def traced_launcher_call(launcher, args, kwargs, what, record=False, shared_stores=True):
     """launcher(*args, **kwargs) under coursekit.kernel_replay.watch_launcher:
     returns (result, report, recording). The report (plain data) says which
