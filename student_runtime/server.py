@@ -353,7 +353,8 @@ PRELOAD = [
     "statistics", "string", "textwrap", "time", "typing", "warnings",
     "numpy", "numpy.linalg", "numpy.random", "numpy.fft",
     "matplotlib", "matplotlib.pyplot",
-    "student_runtime.calls", "student_runtime.probes", "student_runtime.integrity", "coursekit.memory",
+    "student_runtime.calls", "student_runtime.probes", "student_runtime.capstone", "student_runtime.integrity",
+    "coursekit.memory",
     "coursekit.triton_env",
 ]
 PRELOAD_TORCH = ["torch", "torch.nn", "torch.nn.functional", "torch.utils._python_dispatch",
