@@ -343,7 +343,8 @@ def _in_layout(t, layout, gen):
     """t with the same values in another memory layout: "contiguous"; "heads_inner": the
     (B, N, H, D) layout of a projection, seen as (B, H, N, D); "d_major": the last axis not
     contiguous; "sliced": a window of a wider, longer buffer (an offset and padded strides);
-    "window": the first positions of a longer buffer, as a preallocated KV cache is."""
+    "window": the first positions of a longer buffer, as a preallocated KV cache is;
+    "heads_inner_window": the same in the (B, N, H, D) layout (other tensors: "window")."""
     import torch
 
     if layout == "contiguous":
@@ -360,6 +361,13 @@ def _in_layout(t, layout, gen):
     if layout == "window":
         longer = torch.randn(*t.shape[:-2], t.shape[-2] + 64, t.shape[-1], generator=gen).to(t.device, t.dtype)
         view = longer[..., :t.shape[-2], :]
+        view.copy_(t)
+        return view
+    if layout == "heads_inner_window":   # a (B, L, H, D) buffer, longer than L, seen as (B, H, L, D)
+        if t.dim() != 4:                 # decoding's q, (B, H, D): a window of a longer buffer
+            return _in_layout(t, "window", gen)
+        longer = torch.randn(t.shape[0], t.shape[-2] + 64, t.shape[1], t.shape[-1], generator=gen).to(t.device, t.dtype)
+        view = longer[:, :t.shape[-2]].transpose(1, 2)
         view.copy_(t)
         return view
     raise ValueError(layout)
@@ -903,25 +911,36 @@ def _judge_cache_copies(what, report, window, kernel_launches):
             "window: a copy of the cache. Read the caches in place, through their strides (batch, head, position).")
 
 
+def check_decode_in_place(decode_attention):
+    """Caches of 1024 and 700 positions that are the first positions of longer preallocated
+    buffers, in the (B, H_kv, L, D) layout and in the (B, L, H_kv, D) layout seen as
+    (B, H_kv, L, D): right outputs, and the caches read in place (_judge_cache_copies)."""
+    import torch
+
+    batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 1024, 32, [1024, 700]
+    _, dtype = _device_and_dtype(None)
+    window = batch * kv_heads * max_len * d * torch.empty(0, dtype=dtype).element_size()
+    for seed, layout in ((1310, "window"), (1311, "heads_inner_window")):
+        report = _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, seed=seed, layout=layout)
+        _judge_cache_copies(f"decode_attention on caches of {lens} positions (windows of longer buffers, "
+                            f"{layout.replace('_', ' ')})", report, window, [entry[1:] for entry in report["log"]])
+
+
 def check_decode_split(decode_attention):
-    """A long cache (2048 and 1500 positions, the first positions of longer preallocated
-    buffers) for 2 sequences of 4 query heads: the launch that reads the cache and reduces it
-    must have more programs than (sequence, query head) pairs, and the cache must be read in
-    place (_judge_cache_copies). Under the interpreter that launch is found by its bytes: it
-    loads at least a quarter of the valid cache and stores less than a quarter of what it loads
-    (a copy or a cast of the cache stores as much as it loads, and does not count); on a GPU,
-    the largest grid must be split. Under the interpreter a shorter call is first replayed: a
-    launcher whose results are not computed by its kernels gets no point here either."""
+    """A long cache (2048 and 1500 positions) for 2 sequences of 4 query heads: the launch that
+    reads the cache and reduces it must have more programs than (sequence, query head) pairs.
+    Under the interpreter that launch is found by its bytes: it loads at least a quarter of the
+    valid cache and stores less than a quarter of what it loads (a copy or a cast of the cache
+    stores as much as it loads, and does not count); on a GPU, the largest grid must be split.
+    Under the interpreter a shorter call is first replayed: a launcher whose results are not
+    computed by its kernels gets no point here either."""
     import torch
 
     _check_decode(decode_attention, 2, 4, 2, 128, 32, [128, 90], seed=1301, follow=True)
     batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 2048, 64, [2048, 1500]
-    report = _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, seed=1300, layout="window")
-    launches = [entry[1:] for entry in report["log"]]
+    launches = [entry[1:] for entry in _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens,
+                                                     seed=1300)["log"]]
     _, dtype = _device_and_dtype(None)
-    window = batch * kv_heads * max_len * d * torch.empty(0, dtype=dtype).element_size()
-    _judge_cache_copies(f"decode_attention on caches of {lens} positions (windows of longer buffers)", report,
-                        window, launches)
     advice = ("one program then reads a whole cache alone while the rest of the GPU idles. Split the cache into "
               "chunks, one program per (chunk, sequence, head), then merge the chunks' partial states.")
     if launches and launches[0][1] is not None:
