@@ -11,7 +11,9 @@ caches expanded to one head per query head, and the row's method says so). Witho
 computations (the kernels under Triton's interpreter). The backward and decoding
 kernels measured are the instructor's solutions of the chapter's exercises: where
 the course's grading package is absent (the student release) their rows are left
-out, and the output says why. `--head-dim D` sets the head width of the forward
+out, and the output says why. So is the tuned backward (autograde.tuned_backward,
+another answer to that exercise), timed with the tuned forward as one more
+forward + backward row. `--head-dim D` sets the head width of the forward
 and forward + backward tables (64 by default; the decoding step keeps Mistral 7B's
 128). `--save FILE` writes every row, with the device, driver, library versions,
 date and commit, as JSON (bookutils.results); `--compile` prints instead what
@@ -38,6 +40,22 @@ TEACHING_BLOCKS = default_blocks("cuda", torch.float16)
 
 NO_SOLUTIONS = ("the backward and decoding kernels are the solutions of Chapter 4's exercises: they are "
                 "measured only where the course's grading package is installed")
+
+
+NO_TUNED_BACKWARD = ("the tuned backward kernel answers Chapter 4's Exercise 4: it is measured only where the "
+                     "course's grading package is installed")
+TUNED_PAIR = "tuned forward, tuned backward"
+
+
+def tuned_backward_attention():
+    """(attention, None), attention(q, k, v, causal) differentiable through the tuned
+    forward and the instructor's tuned backward, or (None, why) where the grading
+    package is absent. Imports no notebook reader: a GPU machine with PYTHONPATH alone runs it."""
+    try:
+        from autograde.tuned_backward import tuned_attention
+    except ImportError:
+        return None, NO_TUNED_BACKWARD
+    return tuned_attention, None
 
 
 def solution_kernels():
@@ -165,10 +183,11 @@ def sdpa_decode_call(q, k_cache, v_cache):
         return name, lambda: sdpa_flash_decode(q, *expanded, enable_gqa=False)
 
 
-def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=BATCH, heads=HEADS, d=HEAD_DIM, dtype=torch.float16,
-                  causal=False, device="cuda", timer=None):
+def training_rows(kernels, sizes=(1024, 2048, 4096, 8192, 16384), batch=BATCH, heads=HEADS, d=HEAD_DIM,
+                  dtype=torch.float16, causal=False, device="cuda", timer=None, tuned=None):
     """Forward + backward: one dict per (method, n) with milliseconds and TFLOP/s,
-    counting the backward's recomputation of QK^T (3.5 times the forward's FLOPs)."""
+    counting the backward's recomputation of QK^T (3.5 times the forward's FLOPs).
+    tuned: the tuned pair (tuned_backward_attention), a row of its own when given."""
     timer = timer or _do_bench
     methods = {"SDPA, FLASH_ATTENTION backend": sdpa_flash}
     if kernels is not None:
@@ -177,6 +196,8 @@ def training_rows(kernels, sizes=(1024, 2048, 4096, 8192), batch=BATCH, heads=HE
         methods["teaching forward, instructor's backward"] = with_backward(teaching, kernels.flash_attention_backward)
         methods["tuned forward, instructor's backward"] = with_backward(flash_forward_tuned,
                                                                         kernels.flash_attention_backward)
+    if tuned is not None:
+        methods[TUNED_PAIR] = tuned
     rows = []
     for n in sizes:
         q, k, v = (torch.randn(batch, heads, n, d, device=device, dtype=dtype, requires_grad=True) for _ in range(3))
@@ -316,6 +337,7 @@ def main(argv=None):
         parser.error(f"--head-dim must be between 1 and {MAX_HEAD} (the tuned kernel's widest head), got {d}")
     tables = {}
     kernels, why = solution_kernels()
+    tuned, why_tuned = tuned_backward_attention()
     shapes = f"float16, batch {BATCH}, {HEADS} heads, d = {d}"
     if DEVICE == "cuda":
         print(f"GPU: {torch.cuda.get_device_name()}; matrix-product peak of this run:")
@@ -328,7 +350,7 @@ def main(argv=None):
             row["matmul_share"] = row["tflops"] / peak
         _print_table(tables["forward"], FORWARD_COLUMNS)
         print(f"\nForward + backward: {shapes}, causal={args.causal}")
-        tables["forward_backward"] = training_rows(kernels, d=d, causal=args.causal)
+        tables["forward_backward"] = training_rows(kernels, d=d, causal=args.causal, tuned=tuned)
         _print_table(tables["forward_backward"], TRAINING_COLUMNS)
         print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
         tables["decode"] = decode_rows(kernels)
@@ -343,9 +365,12 @@ def main(argv=None):
             _print_table(tables["cpu_backward_memory"], CPU_COLUMNS)
     if kernels is None:
         print(f"\nBackward and decoding rows left out: {why}.")
+    if tuned is None and DEVICE == "cuda":
+        print(f"\nThe '{TUNED_PAIR}' row left out: {why_tuned}.")
     if args.save:
         results.save(args.save, tables, {"causal": args.causal, "dtype": "float16" if DEVICE == "cuda" else "float32",
-                                          "head_dim": d, "solution_kernels": kernels is not None})
+                                          "head_dim": d, "solution_kernels": kernels is not None,
+                                          "tuned_backward": tuned is not None})
         print(f"\nSaved to {args.save}.")
 
 

@@ -261,10 +261,12 @@ def test_benchmark_tables_of_the_gpu_run_anywhere_and_time_correct_kernels(monke
         fn()
         return 1e3 * (time.perf_counter() - started)
 
+    tuned, why = benchmark.tuned_backward_attention()
+    assert tuned is not None, why
     rows = benchmark.training_rows(kernels, sizes=(33,), batch=1, heads=2, d=16, dtype=torch.float32, device=DEVICE,
-                                   timer=timer, causal=True)
+                                   timer=timer, causal=True, tuned=tuned)
     assert [r["method"] for r in rows] == ["SDPA, FLASH_ATTENTION backend", "teaching forward, instructor's backward",
-                                           "tuned forward, instructor's backward"]
+                                           "tuned forward, instructor's backward", benchmark.TUNED_PAIR]
     assert all(r["tflops"] > 0 for r in rows)
     rows = benchmark.decode_rows(kernels, lengths=(70,), batches=(2,), heads=4, kv_heads=2, d=16,
                                  dtype=torch.float32, device=DEVICE, timer=timer)
@@ -312,6 +314,8 @@ def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monk
     monkeypatch.setitem(sys.modules, "autograde.solution_kernels", None)   # import fails, as in the release
     kernels, why = benchmark.solution_kernels()
     assert kernels is None and why == benchmark.NO_SOLUTIONS
+    monkeypatch.setitem(sys.modules, "autograde.tuned_backward", None)
+    assert benchmark.tuned_backward_attention() == (None, benchmark.NO_TUNED_BACKWARD)
 
 
 # ---------------------------------------------------------------- a launcher's call, recorded and replayed
