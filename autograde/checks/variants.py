@@ -8,6 +8,7 @@ from autograde.compare import (
     expect_array,
     describe,
     expect_close,
+    expect_within,
     expect_sequence,
     expect_unchanged,
     expect_value_error,
@@ -373,22 +374,84 @@ def _grads_inputs(rng, lead, n_q, n_k, d_q, d_k, d_a, d_v, score_scale=1.0, offs
 
 GRADS_HINT = ("With p = softmax of the scores over the real keys and dL/dp = d_out v^T, dL/dscore_ij = "
               "p_ij (dL/dp_ij - sum_l p_il dL/dp_il) (the softmax's Jacobian times a vector); the score is "
-              "w_score . tanh(h_ij) with h_ij = q_i U_q + k_j U_k, so dL/dw_score sums dL/dscore_ij tanh(h_ij) over "
-              "every pair of every sequence, and dL/dq_i sums dL/dscore_ij (w_score * (1 - tanh(h_ij)^2)) over j, "
+              "w_score . a_ij with the hidden vector a_ij = tanh(q_i U_q + k_j U_k), so dw_score sums dL/dscore_ij "
+              "a_ij over every pair of every sequence, and dq_i sums dL/dscore_ij (w_score * (1 - a_ij^2)) over j, "
               "times U_q^T.")
+
+UNIT = 2.0 ** -53        # float64's unit roundoff
+TINY = 2.0 ** -1022      # float64's smallest normal number: exp below it loses digits, then flushes to 0
+
+
+def _gamma(m):
+    """A sum of m products in float64, in any order: off by at most (m + 1) units times the sum
+    of the magnitudes of its terms (to first order)."""
+    return (m + 1) * UNIT
+
+
+def additive_grads_bound(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
+    """Element-wise first-order bounds on |found - exact| for (dq, dw_score) of additive attention
+    computed in float64 as the exercise describes it, in any order and with any stable softmax
+    (max-subtracted or log-sum-exp): h = q_i U_q + k_j U_k, a = tanh(h), s = a . w_score,
+    p = softmax(s) over the real keys, g = d_out v^T, gbar = sum_j p g, gs = p (g - gbar),
+    dw_score = sum gs a, dq = (sum_j gs w_score (1 - a^2)) U_q^T. Each sum may be off by
+    _gamma(its terms) times the sum of their magnitudes, tanh by two units, and each weight p_ij
+    by a relative error of its exponent's error: those of s_ij and of the row's largest score,
+    and two units of |s| for each (the subtraction of the maximum, or of the log-sum-exp, which
+    rounds to a unit of |max|): about 1e-10 relative for scores near 1e6, whatever the code.
+    That relative error reaches dq multiplied by w_score once more: with w_score in the
+    thousands and scores near 1e4, the bound on dq reaches a few times 1e-6."""
+    q, k, v, u_q, u_k, w_score, d_out = (np.asarray(x, dtype=np.float64) for x in (q, k, v, u_q, u_k, w_score, d_out))
+    (d_q, d_a), d_k, n_k, d_v = u_q.shape, u_k.shape[0], k.shape[-2], v.shape[-1]
+    h = (q @ u_q)[..., :, None, :] + (k @ u_k)[..., None, :, :]                 # (..., n_q, n_k, d_a)
+    h_mag = (np.abs(q) @ np.abs(u_q))[..., :, None, :] + (np.abs(k) @ np.abs(u_k))[..., None, :, :]
+    a = np.tanh(h)
+    slope = 1.0 - a * a
+    a_err = slope * (_gamma(max(d_q, d_k)) + UNIT) * h_mag + 2 * UNIT * np.abs(a)
+    s = a @ w_score
+    s_err = a_err @ np.abs(w_score) + _gamma(d_a) * (np.abs(a) @ np.abs(w_score))
+    real = np.ones(s.shape, dtype=bool) if key_mask is None else \
+        np.broadcast_to(np.asarray(key_mask, dtype=bool)[..., None, :], s.shape)
+    p = ref.masked_softmax_or_zero(s, real)
+    # the exponent s_ij - max (or - log-sum-exp): the errors of s_ij and of the row's top score,
+    # the subtraction, the log-sum-exp's rounding (a unit of |max|) and its sum's (n_k units)
+    x_err = np.where(real, s_err + 2 * UNIT * np.abs(s), 0.0)
+    top = np.max(x_err, axis=-1, keepdims=True, initial=0.0)
+    p_err = np.where(real, p * (x_err + 3 * top + (n_k + 4) * UNIT) + TINY, 0.0)
+    g = d_out @ np.swapaxes(v, -1, -2)
+    g_mag = np.abs(d_out) @ np.swapaxes(np.abs(v), -1, -2)
+    g_err = _gamma(d_v) * g_mag
+    gbar = np.sum(p * g, axis=-1, keepdims=True)
+    gbar_mag = np.sum(p * g_mag, axis=-1, keepdims=True)
+    gbar_err = np.sum(p_err * g_mag + p * g_err, axis=-1, keepdims=True) + _gamma(n_k) * gbar_mag
+    gs, gs_mag = p * (g - gbar), p * (g_mag + gbar_mag)
+    gs_err = p_err * np.abs(g - gbar) + p * (g_err + gbar_err) + _gamma(n_k) * gs_mag
+    pairs = gs.size
+    dw_err = (gs_err[..., None] * np.abs(a) + np.abs(gs)[..., None] * a_err
+              + _gamma(pairs) * gs_mag[..., None] * np.abs(a)).reshape(-1, d_a).sum(axis=0)
+    c_mag = np.abs(w_score) * slope
+    c_err = np.abs(w_score) * (2 * np.abs(a) * a_err + 4 * UNIT)              # 1 - a^2 or sech^2, times w
+    dh_err = np.sum(gs_err[..., None] * c_mag + np.abs(gs)[..., None] * c_err
+                    + _gamma(n_k + d_a) * gs_mag[..., None] * c_mag, axis=-2)
+    return dh_err @ np.abs(u_q).T, dw_err
 
 
 def _check_grads(additive_attention_grads, inputs, key_mask, label, hint=GRADS_HINT):
     what = f"additive_attention_grads with {label}"
     ref_dq, ref_dw = ref.additive_attention_grads(*inputs, key_mask)
+    # The reference rounds too: each result may differ from it by twice the bound.
+    bound_dq, bound_dw = (2 * b for b in additive_grads_bound(*inputs, key_mask))
     extra = {} if key_mask is None else {"key_mask": key_mask}
+    mask_before = None if key_mask is None else key_mask.copy()
     result = call_unchanged(additive_attention_grads, *inputs, what=what, **extra)
-    expect_sequence(result, 2, what=what, names="(d_q, d_w_score)")
-    # float64 sums of at most a few hundred terms of size ~1: rounding ~1e-14; scores moved to
-    # 1e6 add |score| * 2^-53 ~ 1e-10 relative to the weights. The default tolerance
-    # (1e-9 + 1e-6 |expected|) leaves that ten thousand times over; a mistake is off by ~1.
-    expect_close(result[1], ref_dw, what=f"d_w_score from {what}", hint=hint)
-    expect_close(result[0], ref_dq, what=f"d_q from {what}", hint=hint)
+    if key_mask is not None:
+        expect_unchanged(mask_before, key_mask, what=what)
+    expect_sequence(result, 2, what=what, names="(dq, dw_score)")
+    # Twice the bound is ~1e-13 for scores of a few units, ~1e-7 for scores near 1e6 and a few
+    # times 1e-6 on dq with w_score in the thousands. Correct answers written otherwise (the
+    # CORRECT styles of tests/submissions/variants.py) stay within 1/20 of it over 300 draws;
+    # the planted mistakes miss it by 4e7 times or more.
+    expect_within(result[1], ref_dw, bound_dw, what=f"dw_score from {what}", hint=hint)
+    expect_within(result[0], ref_dq, bound_dq, what=f"dq from {what}", hint=hint)
 
 
 def _grads_numpy_only(additive_attention_grads, rng):

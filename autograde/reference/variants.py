@@ -96,7 +96,7 @@ def additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
     """Gradients of L = sum(d_out * output) with respect to q and w_score, for additive attention
     with scores w_score . tanh(q_i U_q + k_j U_k) and a softmax over the real keys (key_mask
     (..., n_k), True for a real key); a query with no real key has output 0 and gradient 0.
-    Returns (d_q of q's shape, d_w of shape (d_a,), summed over every batch axis)."""
+    Returns (dq of q's shape, dw_score of shape (d_a,), summed over every batch axis)."""
     q, k, v, u_q, u_k, w_score, d_out = (np.asarray(a, dtype=np.float64) for a in (q, k, v, u_q, u_k, w_score, d_out))
     hidden = np.tanh((q @ u_q)[..., :, None, :] + (k @ u_k)[..., None, :, :])      # (..., n_q, n_k, d_a)
     scores = hidden @ w_score
@@ -105,6 +105,6 @@ def additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
     p = masked_softmax_or_zero(scores, keep)
     d_p = d_out @ np.swapaxes(v, -1, -2)                                           # dL/dp
     d_s = p * (d_p - np.sum(p * d_p, axis=-1, keepdims=True))                     # dL/dscores
-    d_w = np.einsum("...ij,...ija->...a", d_s, hidden).reshape(-1, hidden.shape[-1]).sum(axis=0)
+    dw_score = np.einsum("...ij,...ija->...a", d_s, hidden).reshape(-1, hidden.shape[-1]).sum(axis=0)
     d_pre = d_s[..., None] * w_score * (1.0 - hidden ** 2)                         # before the tanh
-    return d_pre.sum(axis=-2) @ u_q.T, d_w
+    return d_pre.sum(axis=-2) @ u_q.T, dw_score

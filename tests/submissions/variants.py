@@ -615,6 +615,43 @@ def additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
     return d_q, d_w
 '''
 
+# Weights from a log-sum-exp, every sum taken in reverse order (scores from the last hidden unit
+# down, gbar, dw_score and dq from the last key or pair), and the slope of tanh as sech^2 written
+# with exp(-2|h|), which cannot overflow: rounded unlike the reference at every step.
+STYLE_GRADS_LOG_SUM_EXP = '''
+def additive_attention_grads(q, k, v, u_q, u_k, w_score, d_out, key_mask=None):
+    pre = (q @ u_q)[..., :, None, :] + (k @ u_k)[..., None, :, :]      # (..., n_q, n_k, d_a)
+    hidden = np.tanh(pre)
+    scores = np.zeros(pre.shape[:-1])
+    for unit in reversed(range(len(w_score))):
+        scores = scores + hidden[..., unit] * w_score[unit]
+    real = np.ones(scores.shape, dtype=bool) if key_mask is None else \\
+        np.broadcast_to(np.asarray(key_mask, dtype=bool)[..., None, :], scores.shape)
+    any_real = real.any(axis=-1, keepdims=True)
+    top = np.where(any_real, np.where(real, scores, -np.inf).max(axis=-1, keepdims=True), 0.0)
+    total = np.exp(np.where(real, scores - top, -np.inf))[..., ::-1].sum(axis=-1, keepdims=True)
+    lse = top + np.log(np.where(any_real, total, 1.0))
+    p = np.exp(np.where(real, scores - lse, -np.inf))                    # 0 for a masked key
+    g = np.einsum("...ic,...jc->...ij", d_out, v)
+    gbar = np.zeros(g.shape[:-1] + (1,))
+    for j in reversed(range(g.shape[-1])):
+        gbar = gbar + p[..., j:j + 1] * g[..., j:j + 1]
+    g_scores = p * (g - gbar)
+    d_a = len(w_score)
+    dw_score = np.zeros(d_a)
+    for term in (g_scores[..., None] * hidden).reshape(-1, d_a)[::-1]:
+        dw_score = dw_score + term
+    e = np.exp(-2.0 * np.abs(pre))
+    sech2 = 4.0 * e / (1.0 + e) ** 2
+    dh = np.zeros(pre.shape[:-2] + (d_a,))
+    for j in reversed(range(pre.shape[-2])):
+        dh = dh + g_scores[..., j, None] * (sech2[..., j, :] * w_score)
+    dq = np.zeros(q.shape)
+    for unit in reversed(range(d_a)):
+        dq = dq + dh[..., unit, None] * u_q[:, unit]
+    return dq, dw_score
+'''
+
 STYLE_DECODER_MANUAL = _DECODER_INIT + '''
     def forward(self, x, memory):
         steps = [(self.norm1, lambda t: self.attend(t, t, "self", True)),
@@ -632,6 +669,7 @@ CORRECT = {
                                         "decode_with_kv_cache": STYLE_DECODE_PREALLOCATED},
     "slope_from_log_p_grads_jacobian": {"entropy_temperature_slope": STYLE_SLOPE_FROM_LOG_P,
                                         "additive_attention_grads": STYLE_GRADS_JACOBIAN_PER_QUERY},
+    "grads_log_sum_exp_reversed_sech": {"additive_attention_grads": STYLE_GRADS_LOG_SUM_EXP},
     "decoder_with_torch_sdpa": {"DecoderLayer": STYLE_DECODER_MANUAL},
 }
 
