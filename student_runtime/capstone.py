@@ -103,8 +103,9 @@ class _DecodeWatch:
     recorder during the call (decode_attention is graded on its own) and keeps the caches
     alive so that no storage address is reused within the run."""
 
-    def __init__(self, decode_attention, recorder):
+    def __init__(self, decode_attention, recorder, layers):
         self.decode_attention, self.recorder, self.calls, self.kept = decode_attention, recorder, [], []
+        self.layers = layers
 
     def __call__(self, q, k_cache, v_cache, cache_lens, *args, **kwargs):
         import torch
@@ -123,16 +124,16 @@ class _DecodeWatch:
             return self.decode_attention(q, k_cache, v_cache, cache_lens, *args, **kwargs)
         finally:
             self.recorder.active = True
-            if len(self.calls) == 1:    # what the prefill made is not counted
-                self.recorder.largest, self.recorder.largest_op = 0, None
+            if len(self.calls) <= self.layers:   # what the prefill and the first step made (caches allocated
+                self.recorder.largest, self.recorder.largest_op = 0, None   # layer by layer) is not counted
 
 
 def generation_run(generate, source, vocab, weights, prompts, n_new):
     """generate(model, prompts, n_new) with the notebook's `TinyDecoder` holding `weights`, the
     prompts as 1-D token tensors, under watch: the tokens it returned (None if not a tensor
     of integers), every decode_attention call, the PyTorch operators the host used outside
-    decode_attention and the largest tensor it made in new memory after the first call (the
-    prefill's are before)."""
+    decode_attention and the largest tensor it made in new memory after the first decoding step
+    (one call per layer: the prefill's and the caches' allocations are before)."""
     import torch
 
     _, model = _model(source, vocab, weights)
@@ -143,7 +144,7 @@ def generation_run(generate, source, vocab, weights, prompts, n_new):
     if original is None:
         raise GradingFailure("generate: the notebook has no decode_attention (Exercise 5) for it to call.")
     recorder = _recorder()
-    watch = _DecodeWatch(original, recorder)
+    watch = _DecodeWatch(original, recorder, len(model.blocks))
     scope["decode_attention"] = watch
     try:
         with torch.no_grad(), recorder:

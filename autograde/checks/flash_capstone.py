@@ -119,11 +119,11 @@ TRAIN_HINT = ("Call FlashAttention.apply(q, k, v, True, None) on (n_batch, H, n,
 
 
 def check_capstone_training(kernel_attention):
-    """The notebook's training (its given cell: the decoder, the data, six steps of SGD with
+    """The notebook's training (its given cell: the decoder, the data, five steps of SGD with
     momentum) run in the student's process with kernel_attention as the model's attention:
     every attention call launches kernels and uses no PyTorch matrix product, softmax or
     attention; the backward pass launches kernels too (at least one launch per attention
-    call besides the forward's); no kernel of the book's modules; and the six losses are
+    call besides the forward's); no kernel of the book's modules; and the five losses are
     within LOSS_TOL of a float64 run with plain attention from the same initial weights."""
     expected, _, vocab = reference_run()
     run = in_student_process(capstone.training_run, kernel_attention, model_source(), vocab)
@@ -214,12 +214,16 @@ def check_capstone_generate(generate):
                     f"{what}: sequence {b}, new token {t} is {int(found[t])}, but greedy decoding gives "
                     f"{int(want[t])} (its logit leads the next by {gap[t]:.3g}, far above float32's rounding); "
                     f"the tokens before it were right. {GENERATE_HINT}")
-    # The lengths: the last call of each layer counts every key, N_NEW - 1 after the prompt's;
-    # each earlier group of calls (one per layer) one fewer.
+    # The lengths: the first decoding step (one call per layer) reads the prompt's keys and the
+    # first new token's (or only the prompt's, when the prefill left its last token to that
+    # step); each later step one key more.
     layers = len(_namespace()["TinyDecoder"](2).blocks)
-    final = np.array([len(p) for p in PROMPTS]) + N_NEW - 1
-    for back, call in enumerate(reversed(run["calls"])):
-        want = (final - back // layers).tolist()
+    prompt_lens = np.array([len(p) for p in PROMPTS])
+    calls = run["calls"]
+    left_last = len(calls) >= layers * N_NEW and calls[0]["lens"] == prompt_lens.tolist()   # one step more
+    first = prompt_lens if left_last else prompt_lens + 1
+    for i, call in enumerate(calls):
+        want = (first + i // layers).tolist()
         if call["lens"] != want:
             raise GradingFailure(
                 f"{what} called decode_attention with cache_lens={call['lens']} where the caches held {want} keys "
@@ -232,7 +236,7 @@ def check_capstone_cache(generate):
     one decode_attention call per layer for the whole batch (q of shape (n_batch, H_q, d)),
     (N_NEW - 1) to N_NEW calls per layer in all; the caches handed to decode_attention are
     windows of buffers allocated once (at most two storages per layer over the whole run,
-    each larger than any window passed); after the first call the host makes no tensor in
+    each larger than any window passed); after the first step the host makes no tensor in
     new memory as large as half of one layer's valid keys at the last step (a copy of a
     cache), and never calls PyTorch's softmax or attention."""
     run = _run_or_fail(generate)
