@@ -73,10 +73,14 @@ class SelfAttention(nn.Module):
     (t / rope_stretch) * w_l at its position t, with w_l computed from
     rope_base; both attributes may be changed after training (position
     interpolation divides the positions, NTK-aware scaling raises the base).
-    positions="alibi" adds -slope * |i - j| to the scores, one slope per head."""
+    positions="alibi" adds -slope * (i - j) to the scores of keys j <= i, one slope
+    per head; it requires causal=True, since Press et al. define the bias for a
+    causal model only (a symmetric |i - j| would be a choice of this code's)."""
 
     def __init__(self, d_model, n_heads, d_head, scale="sqrt", causal=False, positions=None):
         super().__init__()
+        if positions == "alibi" and not causal:
+            raise ValueError("ALiBi is defined for a causal model: pass causal=True")
         self.n_heads, self.d_head, self.causal, self.qk_norm = n_heads, d_head, causal, scale == "qknorm"
         self.positions, self.rope_base, self.rope_stretch = positions, ROPE_BASE, 1.0
         self.factor = {"sqrt": d_head ** -0.5, "none": 1.0, "linear": 1.0 / d_head, "fold": 1.0,
@@ -105,7 +109,7 @@ class SelfAttention(nn.Module):
         scores = self.factor * q @ k.transpose(-1, -2)                              # (b, h, n, n)
         if self.positions == "alibi":
             t = torch.arange(n)
-            distance = (t[:, None] - t[None, :]).abs()
+            distance = t[:, None] - t[None, :]       # i - j; the causal mask below removes j > i
             scores = scores - (alibi_slopes(self.n_heads)[:, None, None] * distance).to(scores.dtype)
         if self.causal:
             scores = scores.masked_fill(torch.ones(n, n, dtype=torch.bool).triu(1), float("-inf"))
@@ -183,7 +187,10 @@ class TinyTransformer(nn.Module):
         return (logits, h) if hidden else logits
 
     def scale_rope(self, stretch=1.0, base=ROPE_BASE):
-        """Set every layer's rotary positions: t / stretch, frequencies from base."""
+        """Set every layer's rotary positions: t / stretch, frequencies from base.
+        Raises ValueError on a model without rotary embeddings, where it would change nothing."""
+        if self.positions != "rope":
+            raise ValueError(f"scale_rope changes rotary embeddings; this model has positions={self.positions!r}")
         for block in self.blocks:
             block.attn.rope_stretch, block.attn.rope_base = stretch, base
 

@@ -158,6 +158,18 @@ def test_alibi_subtracts_the_slope_times_the_distance_from_every_score():
         assert torch.isinf(a[:, ~kept]).all()
 
 
+def test_alibi_needs_a_causal_model_and_scale_rope_a_rotary_one():
+    import pytest
+    # Press et al. define ALiBi's bias for causal attention only; a symmetric |i - j| is not theirs
+    with pytest.raises(ValueError, match="causal"):
+        TinyTransformer(12, 12, n_heads=4, positions="alibi")
+    # rescaling rotary angles on a model that has none would silently change nothing
+    for positions in (None, "sinusoidal", "alibi"):
+        with pytest.raises(ValueError, match="rotary"):
+            TinyTransformer(12, 12, n_heads=4, causal=True, positions=positions).scale_rope(stretch=4)
+    TinyTransformer(12, 12, n_heads=4, causal=True, positions="rope").scale_rope(stretch=4)
+
+
 def test_rotary_angles_and_their_rescalings():
     import numpy as np
     from bookutils.tiny_transformer import ntk_base, rope_angles
