@@ -88,6 +88,7 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
+from bookutils.flash_tuned import _load_rows  # noqa: E402
 from coursekit.triton_trace import interpreting  # noqa: E402
 
 LOG2_E = 1.4426950408889634          # e^x = 2^(x log2 e)
@@ -167,24 +168,13 @@ def _dkdv(dk, dv, k, v, q_head, do_head, lse_head, delta_head, stride_qn, stride
     offs_m = tl.arange(0, BLOCK_M)
     for start in range(lo, hi, BLOCK_M):
         rows = start + offs_m
-        q_ptrs = q_head + rows[:, None] * stride_qn + dims[None, :]
-        do_ptrs = do_head + rows[:, None] * stride_don + dims[None, :]
+        q, do = _load_rows(q_head + rows[:, None] * stride_qn + dims[None, :],
+                           do_head + rows[:, None] * stride_don + dims[None, :], rows, dims, n, d, MASK_ROWS, EVEN_D)
         if MASK_ROWS:
-            mask = rows[:, None] < n
-            if not EVEN_D:
-                mask = mask & (dims[None, :] < d)
-            q = tl.load(q_ptrs, mask=mask, other=0.0)
-            do = tl.load(do_ptrs, mask=mask, other=0.0)
             # +inf: a row past n gets P = 2^(0 - inf) = 0 exactly, hence dS = 0, with no mask of its own
             lse2 = tl.load(lse_head + rows, mask=rows < n, other=float("inf"))
             delta = tl.load(delta_head + rows, mask=rows < n, other=0.0)
         else:
-            if EVEN_D:
-                q = tl.load(q_ptrs)
-                do = tl.load(do_ptrs)
-            else:
-                q = tl.load(q_ptrs, mask=dims[None, :] < d, other=0.0)
-                do = tl.load(do_ptrs, mask=dims[None, :] < d, other=0.0)
             lse2 = tl.load(lse_head + rows)
             delta = tl.load(delta_head + rows)
         p_t = tl.math.exp2(tl.dot(k, tl.trans(q)) * qk_scale - lse2[None, :])
@@ -204,20 +194,8 @@ def _dq(dq, q, do, lse2, delta, k_head, v_head, stride_kn, stride_vn, rows, dims
     offs_n = tl.arange(0, BLOCK_M)
     for start in range(lo, hi, BLOCK_M):
         cols = start + offs_n
-        k_ptrs = k_head + cols[:, None] * stride_kn + dims[None, :]
-        v_ptrs = v_head + cols[:, None] * stride_vn + dims[None, :]
-        if MASK_KEYS:
-            mask = cols[:, None] < n
-            if not EVEN_D:
-                mask = mask & (dims[None, :] < d)
-            k = tl.load(k_ptrs, mask=mask, other=0.0)
-            v = tl.load(v_ptrs, mask=mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=dims[None, :] < d, other=0.0)
-            v = tl.load(v_ptrs, mask=dims[None, :] < d, other=0.0)
+        k, v = _load_rows(k_head + cols[:, None] * stride_kn + dims[None, :],
+                          v_head + cols[:, None] * stride_vn + dims[None, :], cols, dims, n, d, MASK_KEYS, EVEN_D)
         p = tl.math.exp2(tl.dot(q, tl.trans(k)) * qk_scale - lse2[:, None])
         if CAUSAL_MASK:       # keys past n lie above every real row's diagonal: this mask covers them
             p = tl.where(cols[None, :] <= rows[:, None], p, 0.0)

@@ -63,6 +63,25 @@ def _autotune_configs():
 
 
 @triton.jit
+def _load_rows(a_ptrs, b_ptrs, rows, dims, n, d, MASK_ROWS: tl.constexpr, EVEN_D: tl.constexpr):
+    """Two tiles at the same rows (keys and values; the backward's queries and their output
+    gradients), masked only where a row can pass n or the head width is not a power of two."""
+    if MASK_ROWS:
+        mask = rows[:, None] < n
+        if not EVEN_D:
+            mask = mask & (dims[None, :] < d)
+        a = tl.load(a_ptrs, mask=mask, other=0.0)
+        b = tl.load(b_ptrs, mask=mask, other=0.0)
+    elif EVEN_D:
+        a = tl.load(a_ptrs)
+        b = tl.load(b_ptrs)
+    else:
+        a = tl.load(a_ptrs, mask=dims[None, :] < d, other=0.0)
+        b = tl.load(b_ptrs, mask=dims[None, :] < d, other=0.0)
+    return a, b
+
+
+@triton.jit
 def _attend(acc, l, m, q, k_head, v_head, stride_kn, stride_vn, rows, dims, n, d, lo, hi, qk_scale,
             BLOCK_N: tl.constexpr, MASK_KEYS: tl.constexpr, CAUSAL_MASK: tl.constexpr, EVEN_D: tl.constexpr):
     """The online softmax over key blocks [lo, hi), in base 2: m is the running
@@ -70,20 +89,8 @@ def _attend(acc, l, m, q, k_head, v_head, stride_kn, stride_vn, rows, dims, n, d
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
-        k_ptrs = k_head + cols[:, None] * stride_kn + dims[None, :]
-        v_ptrs = v_head + cols[:, None] * stride_vn + dims[None, :]
-        if MASK_KEYS:
-            kv_mask = cols[:, None] < n
-            if not EVEN_D:
-                kv_mask = kv_mask & (dims[None, :] < d)
-            k = tl.load(k_ptrs, mask=kv_mask, other=0.0)
-            v = tl.load(v_ptrs, mask=kv_mask, other=0.0)
-        elif EVEN_D:
-            k = tl.load(k_ptrs)
-            v = tl.load(v_ptrs)
-        else:
-            k = tl.load(k_ptrs, mask=dims[None, :] < d, other=0.0)
-            v = tl.load(v_ptrs, mask=dims[None, :] < d, other=0.0)
+        k, v = _load_rows(k_head + cols[:, None] * stride_kn + dims[None, :],
+                          v_head + cols[:, None] * stride_vn + dims[None, :], cols, dims, n, d, MASK_KEYS, EVEN_D)
         # Scaled before the maximum and the mask: for a negative scale the largest
         # raw score is the smallest scaled one, and -inf times it would be +inf.
         s = tl.dot(q, tl.trans(k)) * qk_scale
