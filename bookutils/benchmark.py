@@ -11,9 +11,10 @@ caches expanded to one head per query head, and the row's method says so). Witho
 computations (the kernels under Triton's interpreter). The backward and decoding
 kernels measured are the instructor's solutions of the chapter's exercises: where
 the course's grading package is absent (the student release) their rows are left
-out, and the output says why. So is the tuned backward (autograde.tuned_backward,
+out, and the output says why. So are the tuned backward (autograde.tuned_backward,
 another answer to that exercise), timed with the tuned forward as one more
-forward + backward row. `--head-dim D` sets the head width of the forward
+forward + backward row, and the tuned decoding step (autograde.tuned_decode), one
+more decoding row. `--head-dim D` sets the head width of the forward
 and forward + backward tables (64 by default; the decoding step keeps Mistral 7B's
 128). `--save FILE` writes every row, with the device, driver, library versions,
 date and commit, as JSON (bookutils.results); `--compile` prints instead what
@@ -56,6 +57,21 @@ def tuned_backward_attention():
     except ImportError:
         return None, NO_TUNED_BACKWARD
     return tuned_attention, None
+
+
+NO_TUNED_DECODE = ("the tuned decoding kernels answer Chapter 4's Exercise 5: they are measured only where the "
+                   "course's grading package is installed")
+TUNED_DECODE = "instructor's tuned split-K decoding"
+
+
+def tuned_decoding():
+    """(decode, None), decode(q, k_cache, v_cache, cache_lens) the instructor's tuned
+    decoding step, or (None, why) where the grading package is absent."""
+    try:
+        from autograde.tuned_decode import tuned_decode
+    except ImportError:
+        return None, NO_TUNED_DECODE
+    return tuned_decode, None
 
 
 def solution_kernels():
@@ -211,10 +227,11 @@ def training_rows(kernels, sizes=(1024, 2048, 4096, 8192, 16384), batch=BATCH, h
     return rows
 
 
-def decode_rows(kernels, lengths=(1024, 8192, 32768), batches=(1, 8), heads=32, kv_heads=8, d=128,
-                dtype=torch.float16, device="cuda", timer=None):
+def decode_rows(kernels, lengths=(1024, 8192, 32768, 131072), batches=(1, 8), heads=32, kv_heads=8, d=128,
+                dtype=torch.float16, device="cuda", timer=None, tuned=None):
     """One decoding step (one query per sequence, grouped-query heads as in Mistral 7B):
-    one dict per (method, batch, cache length) with microseconds."""
+    one dict per (method, batch, cache length) with microseconds. tuned: the tuned
+    decoding step (tuned_decoding), a row of its own when given."""
     timer = timer or _do_bench
     rows = []
     for batch in batches:
@@ -226,6 +243,9 @@ def decode_rows(kernels, lengths=(1024, 8192, 32768), batches=(1, 8), heads=32, 
             if kernels is not None:
                 lens = torch.full((batch,), length, device=device, dtype=torch.int32)
                 calls["instructor's split-K kernels"] = lambda: kernels.decode_attention(q, k_cache, v_cache, lens)
+            if tuned is not None:
+                lens = torch.full((batch,), length, device=device, dtype=torch.int32)
+                calls[TUNED_DECODE] = lambda: tuned(q, k_cache, v_cache, lens)
             for name, call in calls.items():
                 rows.append({"method": name, "batch": batch, "length": length, "us": 1e3 * timer(call)})
             del calls
@@ -338,6 +358,7 @@ def main(argv=None):
     tables = {}
     kernels, why = solution_kernels()
     tuned, why_tuned = tuned_backward_attention()
+    decode, why_decode = tuned_decoding()
     shapes = f"float16, batch {BATCH}, {HEADS} heads, d = {d}"
     if DEVICE == "cuda":
         print(f"GPU: {torch.cuda.get_device_name()}; matrix-product peak of this run:")
@@ -353,7 +374,7 @@ def main(argv=None):
         tables["forward_backward"] = training_rows(kernels, d=d, causal=args.causal, tuned=tuned)
         _print_table(tables["forward_backward"], TRAINING_COLUMNS)
         print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
-        tables["decode"] = decode_rows(kernels)
+        tables["decode"] = decode_rows(kernels, tuned=decode)
         _print_table(tables["decode"], DECODE_COLUMNS)
     else:
         print(f"No GPU: peak CPU memory of one head (d = {d}, float32); the kernel runs in Triton's interpreter.")
@@ -367,10 +388,12 @@ def main(argv=None):
         print(f"\nBackward and decoding rows left out: {why}.")
     if tuned is None and DEVICE == "cuda":
         print(f"\nThe '{TUNED_PAIR}' row left out: {why_tuned}.")
+    if decode is None and DEVICE == "cuda":
+        print(f"\nThe '{TUNED_DECODE}' rows left out: {why_decode}.")
     if args.save:
         results.save(args.save, tables, {"causal": args.causal, "dtype": "float16" if DEVICE == "cuda" else "float32",
                                           "head_dim": d, "solution_kernels": kernels is not None,
-                                          "tuned_backward": tuned is not None})
+                                          "tuned_backward": tuned is not None, "tuned_decode": decode is not None})
         print(f"\nSaved to {args.save}.")
 
 

@@ -268,9 +268,12 @@ def test_benchmark_tables_of_the_gpu_run_anywhere_and_time_correct_kernels(monke
     assert [r["method"] for r in rows] == ["SDPA, FLASH_ATTENTION backend", "teaching forward, instructor's backward",
                                            "tuned forward, instructor's backward", benchmark.TUNED_PAIR]
     assert all(r["tflops"] > 0 for r in rows)
+    tuned_decode, why = benchmark.tuned_decoding()
+    assert tuned_decode is not None, why
     rows = benchmark.decode_rows(kernels, lengths=(70,), batches=(2,), heads=4, kv_heads=2, d=16,
-                                 dtype=torch.float32, device=DEVICE, timer=timer)
-    assert {r["method"] for r in rows} == {benchmark.SDPA_DECODE, "instructor's split-K kernels"}
+                                 dtype=torch.float32, device=DEVICE, timer=timer, tuned=tuned_decode)
+    assert {r["method"] for r in rows} == {benchmark.SDPA_DECODE, "instructor's split-K kernels",
+                                           benchmark.TUNED_DECODE}
     q = torch.randn(2, 4, 16, device=DEVICE)
     k_cache, v_cache = (torch.randn(2, 2, 70, 16, device=DEVICE) for _ in range(2))
     ours = kernels.decode_attention(q, k_cache, v_cache, torch.full((2,), 70, dtype=torch.int32, device=DEVICE))
@@ -278,6 +281,8 @@ def test_benchmark_tables_of_the_gpu_run_anywhere_and_time_correct_kernels(monke
     expanded = benchmark.sdpa_flash_decode(q, *(c.repeat_interleave(2, dim=1) for c in (k_cache, v_cache)),
                                            enable_gqa=False)
     torch.testing.assert_close(ours, grouped, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(tuned_decode(q, k_cache, v_cache, torch.full((2,), 70, dtype=torch.int32)), grouped,
+                               atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(grouped, expanded, atol=1e-6, rtol=1e-6)
 
 
@@ -316,6 +321,8 @@ def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monk
     assert kernels is None and why == benchmark.NO_SOLUTIONS
     monkeypatch.setitem(sys.modules, "autograde.tuned_backward", None)
     assert benchmark.tuned_backward_attention() == (None, benchmark.NO_TUNED_BACKWARD)
+    monkeypatch.setitem(sys.modules, "autograde.tuned_decode", None)
+    assert benchmark.tuned_decoding() == (None, benchmark.NO_TUNED_DECODE)
 
 
 # ---------------------------------------------------------------- a launcher's call, recorded and replayed
