@@ -131,6 +131,21 @@ def test_every_tuned_configuration_uses_warpgroup_mma_on_h100(chapter4_reports):
 
 
 @needs_backend
+def test_tuned_kernel_compiles_in_bfloat16_without_spills_with_warpgroup_mma():
+    """bfloat16 inputs, in the variant that needs the most registers (ragged, causal):
+    every configuration compiles for an A100 and an H100 without spills, with HGMMA on
+    the H100."""
+    from bookutils import kernel_launches as kl
+
+    reports = cr.compile_reports(kl.tuned_launches(causal=(True,), lengths=(kl.RAGGED_N,), dtype=torch.bfloat16),
+                                 targets=FAST, workers=2)
+    assert reports and all("bf16" in r.spec.label() for r in reports), [r.spec.label() for r in reports]
+    problems = _failures(reports, lambda t: t.error if not t.compiles else (t.spills and "spills"), FAST)
+    assert not problems, "\n".join(problems) + "\n" + cr.render(reports)
+    assert all(r["H100"].mma_kind == "HGMMA" for r in reports), cr.render(reports)
+
+
+@needs_backend
 def test_benchmark_command_prints_the_compile_table(chapter4_reports, capsys):
     """`./scripts/benchmark --compile`: the same launches, answered from this test run's results."""
     from bookutils import benchmark
