@@ -12,30 +12,35 @@ positions, sequence, query head), then a merge over every chunk):
   group's queries are the rows of one tile, padded to 16 rows so that q k^T and
   p v are tensor-core products. The exercise's answer reads each cache position
   once per query head, four times over for Mistral's 32 query heads on 8.
-- the number of splits is chosen from the batch, the key-value heads and the
-  GPU's multiprocessors (split_count): no split at all when the (sequence,
-  key-value head) programs already fill 80% of the multiprocessors, otherwise
-  the fewest splits whose last wave of programs keeps the multiprocessors nearly
-  as busy as the best count would (the rule of FlashAttention-2's
-  num_splits_heuristic). A step with one split normalises its output in the
-  same launch and needs no merge; the exercise's answer always has max_len / 64
-  chunks and merges them all.
+- the number of splits is chosen from the batch, the key-value heads, the
+  longest sequence and the GPU's multiprocessors (split_count): no split at all
+  when the (sequence, key-value head) programs already fill 80% of the
+  program slots (two 4-warp programs per multiprocessor, as FlashAttention-2
+  counts them), otherwise the fewest splits whose last wave of programs keeps
+  the slots nearly as busy as the best count would (the rule of
+  FlashAttention-2's num_splits_heuristic). A step with one split normalises its
+  output in the same launch and needs no merge; the exercise's answer always has
+  max_len / 64 chunks and merges them all.
 - exp2 with log2(e) folded into the scale, as in the tuned forward.
 - the caches are read in place through their batch, head and position strides,
   as in the exercise; offsets within one (sequence, key-value head) are 32-bit,
   so tuned_decode refuses caches whose offsets there reach 2**31.
 
 Lengths: cache_lens[b] positions of sequence b are read, at least 1 (an empty
-cache has no attention: its output would be 0/0) and at most the caches' length
-(the kernel reads no further than that).
+cache has no attention: its output is 0/0, NaN) and at most the caches' length
+(a larger one reads the whole cache and no further). The splits are cut from the
+longest sequence: max_seqlen when given, else cache_lens' largest when cache_lens
+is on the CPU (as a serving loop keeps it), else the caches' allocated length,
+so that a cache allocated far longer than its sequences is not split into
+splits that have nothing to read.
 
 Configurations (BLOCK_N keys per step, warps, stages) per head width, SPLIT_CONFIGS,
 were checked with the compile report (`python -m autograde.tuned_decode`, and
 tests/test_tuned_decode.py, which fails on a spill). With Triton 3.9's compiler,
 float16 (groups of 1, 4, 8 and 16) and bfloat16 (a group of 4), split or direct: 128 keys at d = 64 and 64
 keys at d = 128, 4 warps, 3 stages, 84-104 registers, no spills, 70-71 KiB of
-shared memory (the three stages of K and V tiles), which limits a multiprocessor
-to 8 (A100) or 12 (H100) of its 64 warps; q k^T and p v are HMMA on both (the
+shared memory (two K and V tiles in flight, 64 KiB, and scratch), which limits a
+multiprocessor to 8 (A100) or 12 (H100) of its 64 warps; q k^T and p v are HMMA on both (the
 group's 16-row tile is below the 64 rows of Hopper's warpgroup MMA). The merge:
 32-48 registers. Under
 Triton's interpreter (no GPU) there is no multiprocessor count: tuned_decode
@@ -55,11 +60,12 @@ import triton.language as tl  # noqa: E402
 LOG2_E = 1.4426950408889634
 MAX_HEAD = 128
 MAX_GROUP = 16                       # query heads per key-value head: the rows of one tile (Llama 3 405B has 16: 128 on 8)
-MAX_SPLITS = 128                     # FlashAttention-2's bound: more partial states cost more than they hide
+MAX_SPLITS = 128                     # FlashAttention-2's bound (the most its merge kernel takes)
 INT32_LIMIT = 2**31
 GRID_AXIS_1 = 65_535                 # CUDA's limit on grid axis 1 (sequences x key-value heads)
 INTERPRETER_SMS = 132                # an H100 SXM's (and the H200's) multiprocessors
-FILLED = 0.8                         # programs / multiprocessors above which no split pays
+PROGRAMS_PER_SM = 2                  # program slots of a multiprocessor, as FlashAttention-2 counts 128-thread ones
+FILLED = 0.8                         # programs / slots above which no split pays
 NEAR_BEST = 0.85                     # a split count whose wave efficiency is within this of the best
 MERGE_BLOCK = 16                     # partial states merged per step
 
@@ -72,20 +78,20 @@ def split_config(head):
     return SPLIT_CONFIGS[64] if head <= 64 else SPLIT_CONFIGS[128]
 
 
-def split_count(programs, key_blocks, sms, max_splits=MAX_SPLITS):
+def split_count(programs, key_blocks, slots, max_splits=MAX_SPLITS):
     """How many splits of the cache, for `programs` (sequence, key-value head) pairs over
-    `key_blocks` blocks of keys on `sms` multiprocessors. One program per multiprocessor
-    at a time is assumed: a wave is `sms` programs, and a split count's efficiency is
-    the mean occupancy of its waves (waves / ceil(waves))."""
-    if programs >= FILLED * sms:
+    `key_blocks` blocks of keys, with `slots` programs running at once on the GPU: a wave
+    is `slots` programs, and a split count's efficiency is the mean occupancy of its
+    waves (waves / ceil(waves))."""
+    if programs >= FILLED * slots:
         return 1
-    max_splits = max(1, min(max_splits, sms, key_blocks))
+    max_splits = max(1, min(max_splits, slots, key_blocks))
     efficiency = {}
     for splits in range(1, max_splits + 1):
         # A count that gives every split as many blocks as one split fewer does is no better.
         if splits > 1 and -(-key_blocks // splits) == -(-key_blocks // (splits - 1)):
             continue
-        waves = programs * splits / sms
+        waves = programs * splits / slots
         efficiency[splits] = waves / math.ceil(waves)
     best = max(efficiency.values())
     return min(s for s, e in efficiency.items() if e >= NEAR_BEST * best)
@@ -97,7 +103,7 @@ def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d
                   stride_ob, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD: tl.constexpr, DIRECT: tl.constexpr):
     """Keys [split * split_len, min(that + split_len, length)) of one (sequence,
-    key-value head), for the GROUP query heads that share them (rows of one tile).
+    key-value head) (the last split: to the sequence's length), for the GROUP query heads that share them (rows of one tile).
     DIRECT (one split): the normalised output; otherwise the partial state in base 2
     (running maximum m, sum l, unnormalised output) of every query head."""
     split = tl.program_id(0)
@@ -105,7 +111,8 @@ def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d
     b, hk = bhk // kv_heads, bhk % kv_heads
     length = tl.minimum(tl.load(LENS + b).to(tl.int32), max_len)
     lo = split * split_len
-    hi = tl.minimum(lo + split_len, length)
+    # The last split reads on to the sequence's end: a max_seqlen below a length costs speed, not keys.
+    hi = tl.where(split == splits - 1, length, tl.minimum(lo + split_len, length))
     rows = tl.arange(0, GROUP_PAD)
     dims = tl.arange(0, HEAD)
     head_rows = hk * GROUP + rows                # this group's query heads
@@ -196,11 +203,13 @@ def multiprocessors(device):
     return INTERPRETER_SMS
 
 
-def tuned_decode(q, k_cache, v_cache, cache_lens, sm_scale=None, sms=None):
+def tuned_decode(q, k_cache, v_cache, cache_lens, sm_scale=None, sms=None, max_seqlen=None):
     """One new query per sequence, q (B, H_q, D), against the first cache_lens[b]
     positions of caches (B, H_kv, L_max, D), read in place; query head h reads
     key-value head h // (H_q / H_kv). The interface of the exercise's
-    decode_attention; `sms` overrides the multiprocessor count."""
+    decode_attention; `sms` overrides the multiprocessor count, `max_seqlen` the
+    length the splits are cut from (the longest cache_lens[b]; a smaller one is
+    slower, not wrong)."""
     batch, heads, kv_heads, max_len, d = _check(q, k_cache, v_cache, cache_lens)
     scale = 1.0 / math.sqrt(d) if sm_scale is None else float(sm_scale)
     q = q if q.stride(-1) == 1 else q.contiguous()
@@ -208,17 +217,23 @@ def tuned_decode(q, k_cache, v_cache, cache_lens, sm_scale=None, sms=None):
     for name, c in (("k_cache", k_cache), ("v_cache", v_cache)):
         if (max_len - 1) * c.stride(2) + d - 1 >= INT32_LIMIT:
             raise ValueError(f"tuned_decode: offsets within a head of {name} reach past 2**31 (32-bit offsets)")
+    if max_len == 0 or max_len >= INT32_LIMIT // 2:   # lo + split_len must stay a 32-bit sum
+        raise ValueError(f"tuned_decode: caches of {max_len:,} positions (from 1 to 2**30 - 1)")
     out = torch.empty((batch, heads, d), device=q.device, dtype=q.dtype)
-    if batch * heads == 0 or max_len == 0:
+    if batch * heads == 0:
         return out
-    lens = cache_lens.to(device=q.device, dtype=torch.int32)
+    if max_seqlen is None:
+        max_seqlen = int(cache_lens.max()) if cache_lens.device.type == "cpu" and batch else max_len
+    longest = max(1, min(max_len, int(max_seqlen)))
+    # clamped before the 32-bit cast: a length of 2**32 + 5 must not read 5 positions
+    lens = cache_lens.to(q.device).clamp(max=max_len).to(torch.int32)
     group = heads // kv_heads
     head = max(16, triton.next_power_of_2(d))
     block_n, warps, stages = split_config(head)
-    key_blocks = triton.cdiv(max_len, block_n)
-    splits = split_count(batch * kv_heads, key_blocks, sms or multiprocessors(q.device))
+    key_blocks = triton.cdiv(longest, block_n)
+    splits = split_count(batch * kv_heads, key_blocks, PROGRAMS_PER_SM * (sms or multiprocessors(q.device)))
     split_len = triton.cdiv(key_blocks, splits) * block_n
-    splits = triton.cdiv(max_len, split_len)      # no split left without keys
+    splits = triton.cdiv(longest, split_len)      # no split left without keys of the longest sequence
     direct = splits == 1
     states = 1 if direct else batch * heads * splits
     m_part, l_part = (torch.empty(states, device=q.device, dtype=torch.float32) for _ in range(2))

@@ -240,11 +240,10 @@ def decode_rows(kernels, lengths=(1024, 8192, 32768, 131072), batches=(1, 8), he
             k_cache, v_cache = (torch.randn(batch, kv_heads, length, d, device=device, dtype=dtype) for _ in range(2))
             name, call = sdpa_decode_call(q, k_cache, v_cache)
             calls = {name: call}
+            lens = torch.full((batch,), length, device=device, dtype=torch.int32)
             if kernels is not None:
-                lens = torch.full((batch,), length, device=device, dtype=torch.int32)
                 calls["instructor's split-K kernels"] = lambda: kernels.decode_attention(q, k_cache, v_cache, lens)
             if tuned is not None:
-                lens = torch.full((batch,), length, device=device, dtype=torch.int32)
                 calls[TUNED_DECODE] = lambda: tuned(q, k_cache, v_cache, lens)
             for name, call in calls.items():
                 rows.append({"method": name, "batch": batch, "length": length, "us": 1e3 * timer(call)})

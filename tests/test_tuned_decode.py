@@ -51,8 +51,8 @@ def _assert_within_bound(out, q, k, v, lens, sm_scale=None):
     (3, 6, 3, 130, 40, [1, 130, 65], None, torch.float32, "heads_inner", 0.3),
     (2, 16, 1, 257, 64, [257, 128], None, torch.float32, "contiguous", None),    # a group of 16 (the most)
     (2, 8, 2, 1000, 128, [999, 1000], None, torch.float32, "window", None),
-    (2, 4, 4, 256, 80, [256, 100], 1, torch.float32, "contiguous", None),        # one multiprocessor: no split
-    (1, 4, 2, 700, 64, [700], 2, torch.float32, "heads_inner", None),
+    (2, 4, 4, 256, 80, [256, 100], 1, torch.float32, "contiguous", None),        # 8 programs, 2 slots: no split
+    (1, 4, 2, 700, 64, [700], 3, torch.float32, "heads_inner", None),       # 2 programs on 6 slots: 3 splits
     (2, 8, 2, 96, 32, [96, 50], None, torch.float16, "contiguous", None),
     (1, 32, 8, 2048, 128, [2048], None, torch.float16, "window", None),
 ])
@@ -60,6 +60,42 @@ def test_tuned_decode_matches_the_reference(batch, heads, kv_heads, max_len, d, 
     q, k, v = _caches(batch, heads, kv_heads, max_len, d, dtype, max_len + d + heads, layout)
     out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor(lens), sm_scale=scale, sms=sms)
     _assert_within_bound(out, q, k, v, lens, scale)
+
+
+def test_a_query_read_through_its_strides():
+    """q as every other head of a wider buffer: its head stride is not d."""
+    q, k, v = _caches(2, 8, 2, 200, 32, torch.float32, 11, "contiguous")
+    wide = torch.zeros(2, 16, 32)
+    wide[:, ::2] = q
+    out = td.tuned_decode(wide[:, ::2].to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([200, 60]))
+    _assert_within_bound(out, q, k, v, [200, 60])
+
+
+class _Grids:
+    """Wraps a kernel: records each launch's grid."""
+    def __init__(self, kernel):
+        self.kernel, self.grids = kernel, []
+
+    def __getitem__(self, grid):
+        self.grids.append(grid)
+        return self.kernel[grid]
+
+
+def test_splits_are_cut_from_the_longest_sequence_not_the_allocation(monkeypatch):
+    """A cache allocated for 4096 positions holding 300 and 100: the splits cover the 300
+    (3 blocks of 128 keys at d = 32), not 4096; with max_seqlen below a length the last
+    split reads on, and the output stays right."""
+    grids = _Grids(td._split_kernel)
+    monkeypatch.setattr(td, "_split_kernel", grids)
+    q, k, v = _caches(1, 4, 2, 4096, 32, torch.float32, 5, "contiguous")
+    out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([300]))
+    _assert_within_bound(out, q, k, v, [300])
+    assert 1 < grids.grids[-1][0] <= 3, grids.grids
+    out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([300]).to(DEVICE), max_seqlen=64)
+    assert grids.grids[-1][0] == 1, grids.grids
+    _assert_within_bound(out, q, k, v, [300])
+    out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([2**32 + 5]))  # past the cache
+    _assert_within_bound(out, q, k, v, [4096])
 
 
 def test_large_scores_and_extreme_lengths():
@@ -80,7 +116,7 @@ def test_one_split_needs_no_merge(monkeypatch):
 
     monkeypatch.setattr(td, "_merge_kernel", type("NoMerge", (), {"__getitem__": lambda self, grid: no_merge})())
     q, k, v = _caches(2, 4, 2, 300, 32, torch.float32, 3, "contiguous")
-    out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([300, 5]), sms=4)
+    out = td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([300, 5]), sms=2)
     _assert_within_bound(out, q, k, v, [300, 5])
     with pytest.raises(AssertionError, match="merge launched"):
         td.tuned_decode(q.to(DEVICE), k.to(DEVICE), v.to(DEVICE), torch.tensor([300, 5]), sms=132)
@@ -92,8 +128,8 @@ def _efficiency(programs, splits, sms):
 
 
 def test_split_count_follows_flash_attention_2():
-    # FlashAttention-2's own example (flash_api.cpp): 48 (batch x heads) programs on
-    # 108 SMs take 2 splits (efficiency 0.89), not 3 (0.67).
+    # The example in FlashAttention's source comment: 48 (batch x heads) programs on
+    # 108 slots take 2 splits (efficiency 0.89), not 3 (0.67).
     assert td.split_count(48, 64, 108) == 2
     # Programs that fill 80% of the multiprocessors are not split; fewer are.
     assert td.split_count(106, 512, 132) == 1 and td.split_count(105, 512, 132) > 1
@@ -108,6 +144,8 @@ def test_split_count_follows_flash_attention_2():
                 assert splits in eligible
                 best = max(_efficiency(programs, s, 132) for s in eligible)
                 assert _efficiency(programs, splits, 132) >= td.NEAR_BEST * best - 1e-12
+                # the fewest such: every eligible count below it is further from the best
+                assert all(_efficiency(programs, s, 132) < td.NEAR_BEST * best for s in eligible if s < splits)
 
 
 @pytest.mark.parametrize("check", ["check_decode_output", "check_decode_in_place", "check_decode_split",
@@ -124,11 +162,20 @@ def test_tuned_decode_passes_the_exercises_hidden_checks(check):
     (((2, 4, 256), (2, 2, 40, 256), (2, 2, 40, 256), (2,)), "up to 128"),
     (((2, 34, 16), (2, 2, 40, 16), (2, 2, 40, 16), (2,)), "at most 16"),
     (((2, 4), (2, 2, 40, 16), (2, 2, 40, 16), (2,)), "q must be"),
+    (((2, 4, 16), (2, 2, 0, 16), (2, 2, 0, 16), (2,)), "caches of 0 positions"),
 ])
 def test_tuned_decode_names_what_it_cannot_read(args, message):
     shapes = [torch.zeros(s) for s in args]
     with pytest.raises(ValueError, match=message):
         td.tuned_decode(*shapes)
+
+
+def test_tuned_decode_refuses_offsets_past_32_bits():
+    """A cache whose positions lie 2**31 elements apart (meta tensors: nothing is allocated)."""
+    q = torch.empty(1, 1, 16, device="meta")
+    cache = torch.empty_strided((1, 1, 2, 16), (2**32, 2**32, 2**31, 1), device="meta")
+    with pytest.raises(ValueError, match="2\\*\\*31"):
+        td.tuned_decode(q, cache, cache, torch.ones(1, dtype=torch.int32))
 
 
 def test_every_configuration_compiles_without_spills_with_tensor_cores():
