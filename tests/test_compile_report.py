@@ -29,7 +29,7 @@ def _failures(reports, check, targets=cr.TARGET_NAMES):
             if check(r[t])]
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")   # module: its tests then share one worker, and it is compiled once
 def chapter4_reports():
     """{'book': [...], 'tuned': [...], 'solutions': [...]} KernelReports for all four targets."""
     from autograde.solution_kernels import chapter4_kernels
