@@ -66,14 +66,18 @@ def grade_class(assignment, root):
     for name, overrides in planted.items():
         plant(name, filled_submission(release, source, overrides))
 
-    out = root / "grading"
+    return {**grade_folder(assignment, submitted, root / "grading"), "students": students}
+
+
+def grade_folder(assignment, submitted, out):
+    """The real grading command on a folder of submissions: grades.csv's rows by student."""
     # Graded under another machine's SIMD kernels (tests/machine_settings.py): no grade may depend on them.
     proc = run([sys.executable, "-m", "autograde", "grade", assignment, str(submitted),
                 "--out", str(out), "--timeout", cell_timeout(assignment)], env=SETTINGS[GRADED_CLASS])
     assert proc.returncode == 0, f"grading command failed:\n{proc.stdout}\n{proc.stderr}"
     with (out / "grades.csv").open() as fh:
         rows = {row["student_id"]: row for row in csv.DictReader(fh)}
-    return {"rows": rows, "out": out, "stdout": proc.stdout, "students": students}
+    return {"rows": rows, "out": out, "stdout": proc.stdout}
 
 
 _GRADED = {}
@@ -91,6 +95,13 @@ def graded(once):
             data = once(f"graded-{assignment}", lambda folder: as_data(grade_class(assignment, folder)))
             _GRADED[assignment] = {**data, "out": Path(data["out"]), "students": set(data["students"])}
         return _GRADED[assignment]
+
+    def if_ready(assignment):
+        """The graded class if it is graded already (by any worker), else None: never waits."""
+        ready = assignment in _GRADED or once.peek(f"graded-{assignment}") is not None
+        return get(assignment) if ready else None
+
+    get.if_ready = if_ready
     return get
 
 
