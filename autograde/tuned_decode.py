@@ -38,7 +38,7 @@ Configurations (BLOCK_N keys per step, warps, stages) per head width, SPLIT_CONF
 were checked with the compile report (`python -m autograde.tuned_decode`, and
 tests/test_tuned_decode.py, which fails on a spill). With Triton 3.9's compiler,
 float16 (groups of 1, 4, 8 and 16) and bfloat16 (a group of 4), split or direct: 128 keys at d = 64 and 64
-keys at d = 128, 4 warps, 3 stages, 84-104 registers, no spills, 70-71 KiB of
+keys at d = 128, 4 warps, 3 stages, 86-104 registers, no spills, 70-71 KiB of
 shared memory (two K and V tiles in flight, 64 KiB, and scratch), which limits a
 multiprocessor to 8 (A100) or 12 (H100) of its 64 warps; q k^T and p v are HMMA on both (the
 group's 16-row tile is below the 64 rows of Hopper's warpgroup MMA). The merge:
@@ -56,6 +56,8 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
+
+from bookutils.flash_tuned import _load_rows  # noqa: E402
 
 LOG2_E = 1.4426950408889634
 MAX_HEAD = 128
@@ -98,7 +100,7 @@ def split_count(programs, key_blocks, slots, max_splits=MAX_SPLITS):
 
 
 @triton.jit
-def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d, max_len, splits, split_len,
+def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d, splits, split_len,
                   qk_scale, stride_qb, stride_qh, stride_kb, stride_kh, stride_kn, stride_vb, stride_vh, stride_vn,
                   stride_ob, stride_oh, GROUP: tl.constexpr, GROUP_PAD: tl.constexpr, BLOCK_N: tl.constexpr,
                   HEAD: tl.constexpr, DIRECT: tl.constexpr):
@@ -109,7 +111,7 @@ def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d
     split = tl.program_id(0)
     bhk = tl.program_id(1).to(tl.int64)          # int64: a head's offset may pass 2**31; within it, 32-bit
     b, hk = bhk // kv_heads, bhk % kv_heads
-    length = tl.minimum(tl.load(LENS + b).to(tl.int32), max_len)
+    length = tl.load(LENS + b)                   # clamped to the caches' length by tuned_decode
     lo = split * split_len
     # The last split reads on to the sequence's end: a max_seqlen below a length costs speed, not keys.
     hi = tl.where(split == splits - 1, length, tl.minimum(lo + split_len, length))
@@ -126,9 +128,8 @@ def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d
     offs_n = tl.arange(0, BLOCK_N)
     for start in range(lo, hi, BLOCK_N):
         cols = start + offs_n
-        kv_mask = (cols[:, None] < hi) & (dims[None, :] < d)
-        k = tl.load(k_head + cols[:, None] * stride_kn + dims[None, :], mask=kv_mask, other=0.0)
-        v = tl.load(v_head + cols[:, None] * stride_vn + dims[None, :], mask=kv_mask, other=0.0)
+        k, v = _load_rows(k_head + cols[:, None] * stride_kn + dims[None, :],
+                          v_head + cols[:, None] * stride_vn + dims[None, :], cols, dims, hi, d, True, False)
         s = tl.dot(q, tl.trans(k)) * qk_scale
         s = tl.where(cols[None, :] < hi, s, float("-inf"))
         m_new = tl.maximum(m, tl.max(s, axis=1))     # finite: the block has at least one key
@@ -239,7 +240,7 @@ def tuned_decode(q, k_cache, v_cache, cache_lens, sm_scale=None, sms=None, max_s
     m_part, l_part = (torch.empty(states, device=q.device, dtype=torch.float32) for _ in range(2))
     o_part = torch.empty((states, 1 if direct else head), device=q.device, dtype=torch.float32)
     _split_kernel[(splits, batch * kv_heads)](
-        q, k_cache, v_cache, lens, m_part, l_part, o_part, out, heads, kv_heads, d, max_len, splits, split_len,
+        q, k_cache, v_cache, lens, m_part, l_part, o_part, out, heads, kv_heads, d, splits, split_len,
         scale * LOG2_E, *q.stride()[:2], *k_cache.stride()[:3], *v_cache.stride()[:3], *out.stride()[:2],
         GROUP=group, GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD=head, DIRECT=direct,
         num_warps=warps, num_stages=stages)
@@ -265,7 +266,7 @@ def launches(heads=(64, 128), groups=(1, 4, 8, MAX_GROUP), max_len=32768, batch=
             stats = torch.empty(batch * kv_heads * group * 8)
             for direct in (False, True):
                 spec = specialise(_split_kernel, q, cache, cache, lens, stats, stats, stats, q, kv_heads * group,
-                                  kv_heads, head, max_len, 8, max_len // 8, 1.0, *q.stride()[:2],
+                                  kv_heads, head, 8, max_len // 8, 1.0, *q.stride()[:2],
                                   *cache.stride()[:3], *cache.stride()[:3], *q.stride()[:2], GROUP=group,
                                   GROUP_PAD=max(16, triton.next_power_of_2(group)), BLOCK_N=block_n, HEAD=head,
                                   DIRECT=direct, num_warps=warps, num_stages=stages)
