@@ -24,6 +24,7 @@ Run as `python -m bookutils.benchmark` (the README's `./scripts/benchmark`). It
 imports only torch, triton, numpy and the course's own packages, so a GPU machine
 can run a copy of the tree with PYTHONPATH alone."""
 import argparse
+import importlib
 import math
 
 import torch
@@ -48,15 +49,19 @@ NO_TUNED_BACKWARD = ("the tuned backward kernel answers Chapter 4's Exercise 4: 
 TUNED_PAIR = "tuned forward, tuned backward"
 
 
+def _instructor_only(module, name, why):
+    """(module.name, None), or (None, why) where the grading package is absent (the student
+    release). Imports no notebook reader: a GPU machine with PYTHONPATH alone runs it."""
+    try:
+        return getattr(importlib.import_module(module), name), None
+    except ImportError:
+        return None, why
+
+
 def tuned_backward_attention():
     """(attention, None), attention(q, k, v, causal) differentiable through the tuned
-    forward and the instructor's tuned backward, or (None, why) where the grading
-    package is absent. Imports no notebook reader: a GPU machine with PYTHONPATH alone runs it."""
-    try:
-        from autograde.tuned_backward import tuned_attention
-    except ImportError:
-        return None, NO_TUNED_BACKWARD
-    return tuned_attention, None
+    forward and the instructor's tuned backward, or (None, why)."""
+    return _instructor_only("autograde.tuned_backward", "tuned_attention", NO_TUNED_BACKWARD)
 
 
 NO_TUNED_DECODE = ("the tuned decoding kernels answer Chapter 4's Exercise 5: they are measured only where the "
@@ -66,12 +71,8 @@ TUNED_DECODE = "instructor's tuned split-K decoding"
 
 def tuned_decoding():
     """(decode, None), decode(q, k_cache, v_cache, cache_lens) the instructor's tuned
-    decoding step, or (None, why) where the grading package is absent."""
-    try:
-        from autograde.tuned_decode import tuned_decode
-    except ImportError:
-        return None, NO_TUNED_DECODE
-    return tuned_decode, None
+    decoding step, or (None, why)."""
+    return _instructor_only("autograde.tuned_decode", "tuned_decode", NO_TUNED_DECODE)
 
 
 def solution_kernels():

@@ -122,13 +122,12 @@ def once(tmp_path_factory):
                 folder.mkdir()
                 part = result.with_suffix(".part")
                 part.write_text(json.dumps(make(folder)))
-                part.replace(result)                        # whole or absent, for peek
+                part.replace(result)                        # whole or absent, for ready
         return json.loads(result.read_text())
 
-    def peek(name):
-        """The result if some process has made it, else None: never waits."""
-        result = shared / f"{name}.json"
-        return json.loads(result.read_text()) if result.exists() else None
+    def ready(name):
+        """Whether some process has made the result: never waits."""
+        return (shared / f"{name}.json").exists()
 
-    get.peek = peek
+    get.ready = ready
     return get

@@ -98,8 +98,7 @@ def graded(once):
 
     def if_ready(assignment):
         """The graded class if it is graded already (by any worker), else None: never waits."""
-        ready = assignment in _GRADED or once.peek(f"graded-{assignment}") is not None
-        return get(assignment) if ready else None
+        return get(assignment) if assignment in _GRADED or once.ready(f"graded-{assignment}") else None
 
     get.if_ready = if_ready
     return get
