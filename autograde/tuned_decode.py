@@ -57,7 +57,7 @@ DEVICE = triton_device(quiet=True)   # must come before any @triton.jit below
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
 
-from bookutils.flash_tuned import _load_rows  # noqa: E402
+from bookutils.flash_tuned import _attend  # noqa: E402
 
 LOG2_E = 1.4426950408889634
 MAX_HEAD = 128
@@ -125,19 +125,9 @@ def _split_kernel(Q, K, V, LENS, M_PART, L_PART, O_PART, OUT, heads, kv_heads, d
     m = tl.full((GROUP_PAD,), float("-inf"), dtype=tl.float32)
     l = tl.zeros((GROUP_PAD,), dtype=tl.float32)
     acc = tl.zeros((GROUP_PAD, HEAD), dtype=tl.float32)
-    offs_n = tl.arange(0, BLOCK_N)
-    for start in range(lo, hi, BLOCK_N):
-        cols = start + offs_n
-        k, v = _load_rows(k_head + cols[:, None] * stride_kn + dims[None, :],
-                          v_head + cols[:, None] * stride_vn + dims[None, :], cols, dims, hi, d, True, False)
-        s = tl.dot(q, tl.trans(k)) * qk_scale
-        s = tl.where(cols[None, :] < hi, s, float("-inf"))
-        m_new = tl.maximum(m, tl.max(s, axis=1))     # finite: the block has at least one key
-        alpha = tl.math.exp2(m - m_new)
-        p = tl.math.exp2(s - m_new[:, None])
-        l = l * alpha + tl.sum(p, axis=1)
-        acc = tl.dot(p.to(v.dtype), v, acc * alpha[:, None])
-        m = m_new
+    # The tuned forward's online softmax over keys [lo, hi), with keys masked at hi (n = hi).
+    acc, l, m = _attend(acc, l, m, q, k_head, v_head, stride_kn, stride_vn, rows, dims, hi, d, lo, hi, qk_scale,
+                        BLOCK_N, True, False, False)
     if DIRECT:
         out = acc / l[:, None]
         tl.store(OUT + b * stride_ob + head_rows[:, None] * stride_oh + dims[None, :],
