@@ -91,10 +91,12 @@ def pytest_collection_modifyitems(config, items):
         if (item.path.name == "test_grading.py" and "graded" in item.fixturenames and "assignment" in params
                 and not item.get_closest_marker("xdist_group")):
             item.add_marker(pytest.mark.xdist_group(f"graded-{params['assignment']}"))
-    # The longest first, so that on several workers none of them starts last:
-    # the file with the release's book build, then what grades or runs the
-    # sandbox, then the quick tests. Files keep their own order (a test may
-    # leave files in a module fixture's folder that an earlier one must not see).
+    # Slow files first, so that on several workers none of them starts last.
+    # pytest-xdist then hands out the groups with the most tests first (its
+    # loadscope reorder), this order among equals: the single slow tests (pages,
+    # gradings) before the thousand quick ones, which fill the end. Files keep
+    # their own order (a test may leave files in a module fixture's folder that
+    # an earlier one must not see).
     slow_files = {item.path for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: (item.path not in slow_files, item.path.name in QUICK))
 
