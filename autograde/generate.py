@@ -5,6 +5,7 @@ from pathlib import Path
 
 from nbgrader.apps import NbGraderAPI
 
+from autograde import nbgrader_revision
 from autograde.course import EXERCISES, REPO, SOLUTIONS, CourseError, assignments, nbgrader_config
 
 
@@ -12,6 +13,7 @@ def generate(assignment, release_dir, *, db_url=None):
     """Run nbgrader's generate_assignment for one assignment; the student
     notebooks land in release_dir/<assignment>/. Without db_url nothing is
     written to a gradebook."""
+    nbgrader_revision.install()
     config = nbgrader_config(REPO, source=SOLUTIONS, release=Path(release_dir), db_url=db_url)
     if db_url is None:
         config.GenerateAssignment.no_database = True

@@ -37,7 +37,7 @@ from autograde.course import (
     source_notebooks,
     uses_triton,
 )
-from autograde import cgroups
+from autograde import cgroups, nbgrader_revision
 from autograde.memory import OUTSIDE_SLACK_BYTES
 from autograde.progress import Progress
 from autograde.record import (
@@ -109,6 +109,7 @@ def _grade_cells(notebooks):
 def _prepare_course(assignment, out, cell_timeout):
     """Make `out` an nbgrader course directory with the assignment released
     into its gradebook (the gradebook stores the test cells' true source)."""
+    nbgrader_revision.install()
     out.mkdir(parents=True, exist_ok=True)
     source = out / "source" / assignment
     if source.exists():

@@ -78,6 +78,19 @@ def test_regrading_the_same_submissions_gives_identical_grades(regraded):
     assert regraded["again"] == regraded["after"]
 
 
+def test_a_new_gradebook_is_stamped_with_the_revision_the_alembic_command_gives(regraded):
+    """The grader reads nbgrader's migration head in-process (autograde.nbgrader_revision);
+    nbgrader's upgrade tools trust the stamp, so it must be what `alembic heads` prints."""
+    from nbgrader.dbutil import _temp_alembic_ini
+
+    with sqlite3.connect(regraded["out"] / "gradebook.db") as db:
+        stamped = db.execute("SELECT version_num FROM alembic_version").fetchall()
+    with _temp_alembic_ini("sqlite:///unused.db") as ini:
+        heads = subprocess.check_output([os.path.join(os.path.dirname(sys.executable), "alembic"), "-c", ini,
+                                         "heads"], text=True)
+    assert stamped == [(heads.split()[0],)]
+
+
 def test_a_resubmission_replaces_every_automatic_grade(regraded):
     alice = regraded["after"]["alice"]
     # Deleting the test cells does not keep the old scores: they are restored and fail.
