@@ -11,7 +11,7 @@ import pytest
 
 from tests.conftest import run
 from tests.machine_settings import GRADED_CLASS, SETTINGS
-from tests.notebooks import filled_submission, write_submission
+from tests.notebooks import filled_submission, hidden_checks, nbgrader_meta, write_submission
 from tests.packing import notebook_of, packed, packed_loses, packed_overrides, reached_cells
 from tests.submissions import CLASSES, notebook_paths, points_per_cell
 
@@ -190,6 +190,25 @@ def test_packed_mistakes_lose_nothing_else(graded, assignment):
         scores = cell_scores(assignment, graded(assignment)["rows"][name])
         failed = {gid for gid, s in scores.items() if s != tests[gid]}
         assert failed == packed_loses(assignment, members), f"{name} ({', '.join(members)})"
+
+
+@pytest.mark.parametrize("assignment", ASSIGNMENTS)
+def test_each_failed_hidden_test_names_the_function_it_checks(graded, assignment):
+    """What test_checks asserts of each planted mistake in-process, read here from the
+    notebooks the real pipeline graded: the message a student gets names the function."""
+    import nbformat
+
+    source, _ = notebook_paths(assignment)
+    checks = hidden_checks(source)
+    autograded = graded(assignment)["out"] / "autograded"
+    for name, members in packed(assignment, "BUGGY"):
+        cells = nbformat.read(autograded / name / assignment / CLASSES[assignment].NOTEBOOK, as_version=4).cells
+        messages = {nbgrader_meta(c).get("grade_id"): "\n".join(o.get("evalue", "") for o in c.get("outputs", [])
+                                                                if o.get("output_type") == "error") for c in cells}
+        for cell in sorted(packed_loses(assignment, members) & set(checks)):
+            function = checks[cell][1]
+            assert function in messages.get(cell, ""), f"{name}, {cell}: the message should name {function}: " \
+                                                       f"{messages.get(cell)!r}"
 
 
 @pytest.mark.parametrize("student, reason", [
