@@ -152,6 +152,9 @@ def test_checks_accept_other_correct_styles(assignment, case):
     assert checked, f"{case} changes no graded function"
 
 
+# The full suite grades every planted mistake through nbgrader (test_grading, which also
+# checks the messages); in-process they are the quick suite's, and a quick way to debug one.
+@pytest.mark.graded_again("test_grading.py", "test_planted_mistakes_lose_exactly_their_points")
 @pytest.mark.parametrize("assignment, case", cases("BUGGY"))
 def test_checks_reject_exactly_the_planted_mistakes(assignment, case):
     overrides, loses = CLASSES[assignment].BUGGY[case]
