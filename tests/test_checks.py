@@ -359,3 +359,21 @@ def test_packed_notebooks_keep_each_change_to_cells_of_its_own(assignment):
                 assert not (reached or set()) & seen_cells and not set(overrides) & seen_replaced, notebook
                 seen_cells |= reached or set()
                 seen_replaced |= set(overrides)
+
+
+def test_the_split_check_a_student_runs_before_submitting():
+    """Chapter 4's ungraded cell after Exercise 5's visible tests (the grader does not run it:
+    its hidden test checks the split) passes the solution and every correct style, and stops
+    a launcher that reads each cache in one program, or in NumPy, with a message naming it."""
+    cell = next(c for c in nbformat.read(source("ch4_flash"), as_version=4).cells
+                if nbgrader_meta(c).get("grade_id") == "decode_split_check")
+    assert "not-run-when-graded" in cell.metadata.get("tags", [])
+    flash = CLASSES["ch4_flash"]
+    reaching = [name for name, overrides in flash.CORRECT.items()
+                if (reached := affected("ch4_flash", overrides)) is None or "decode_attention" in reached]
+    assert len(reaching) >= 3
+    for case, overrides in [("solution", {})] + [(name, flash.CORRECT[name]) for name in reaching]:
+        run_cell(cell.source, namespace("ch4_flash", overrides), case)
+    for case in ("decode_one_program_per_head", "decode_copy_kernel_then_one_program_per_head", "decode_in_numpy"):
+        with pytest.raises(AssertionError, match="decode_attention"):
+            run_cell(cell.source, namespace("ch4_flash", flash.BUGGY[case][0]), case)
