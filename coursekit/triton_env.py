@@ -19,6 +19,32 @@ def interpreting():
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
+def interpreter_problem():
+    """Why Triton's interpreter cannot run the course's kernels with the installed Triton and
+    NumPy, in words, or None. Triton's interpreter before 3.7 reads a tensor loop bound with
+    int() on a one-element array, which NumPy 2.4 refuses: every `for start in range(lo, hi, B)`
+    over bounds computed in the kernel then fails with "only 0-dimensional arrays can be converted
+    to Python scalars"."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    import numpy as np
+
+    try:
+        triton_version = version("triton")
+    except PackageNotFoundError:
+        return None
+    if _major_minor(triton_version) < (3, 7) and _major_minor(np.__version__) >= (2, 4):
+        return (f"Triton {triton_version}'s interpreter cannot run a loop whose bounds are tensors (such as "
+                f"range(lo, hi, BLOCK_N)) with NumPy {np.__version__}: before Triton 3.7 it needs NumPy older than "
+                "2.4. Install triton>=3.7, or numpy<2.4, and restart Python.")
+    return None
+
+
+def _major_minor(text):
+    parts = (text.split("+")[0].split(".") + ["0"])[:2]
+    return tuple(int("".join(ch for ch in part if ch.isdigit()) or 0) for part in parts)
+
+
 def triton_device(quiet=False):
     """'cuda' or 'cpu': the device to put kernel inputs on. Sets TRITON_INTERPRET=1
     when there is no GPU, and says so once unless quiet."""
@@ -35,8 +61,23 @@ def triton_device(quiet=False):
         os.environ["TRITON_INTERPRET"] = "1"
         if not quiet:
             print(_MESSAGE)
+    _say_problem_once()
     install()
     return "cpu"
+
+
+_problem_checked = False
+
+
+def _say_problem_once():
+    """interpreter_problem(), looked for once per process and said on stderr even when quiet:
+    with it, every kernel that loops would fail with a message that does not say why."""
+    global _problem_checked
+    if not _problem_checked:
+        _problem_checked = True
+        problem = interpreter_problem()
+        if problem:
+            print(problem, file=sys.stderr)
 
 
 def where_kernels_run():

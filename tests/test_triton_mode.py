@@ -80,3 +80,50 @@ def test_a_late_switch_to_the_interpreter_is_refused_with_a_message():
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, cwd=REPO,
                           timeout=300)
     assert "refused: Triton was imported before" in proc.stdout, proc.stdout + proc.stderr
+
+
+# Triton's interpreter before 3.7 cannot run a loop over tensor bounds with NumPy 2.4 or later
+# (seen with Triton 3.6.0 and NumPy 2.4.6: "only 0-dimensional arrays can be converted to Python
+# scalars"; Triton 3.6.0 with NumPy 2.3.5, and Triton 3.7.0's interpreter, convert it).
+VERSIONS = [("3.6.0", "2.4.6", True), ("3.5.1", "2.4.0", True), ("3.6.0", "2.3.5", False),
+            ("3.7.0", "2.4.6", False), ("3.9.0", "2.5.0.dev0", False), ("3.6.0+git1234", "2.4.0rc1", True)]
+
+
+@pytest.mark.parametrize("triton_version, numpy_version, broken", VERSIONS)
+def test_a_triton_that_cannot_interpret_loops_with_this_numpy_is_named(monkeypatch, triton_version,
+                                                                      numpy_version, broken):
+    import importlib.metadata
+
+    import numpy as np
+
+    from coursekit.triton_env import interpreter_problem
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: {"triton": triton_version}[name])
+    monkeypatch.setattr(np, "__version__", numpy_version)
+    problem = interpreter_problem()
+    assert (problem is not None) == broken, problem
+    if broken:
+        assert f"Triton {triton_version}" in problem and f"NumPy {numpy_version}" in problem and "numpy<2.4" in problem
+
+
+def test_the_installed_triton_and_numpy_interpret_loops():
+    from coursekit.triton_env import interpreter_problem
+
+    assert interpreter_problem() is None
+
+
+@pytest.mark.parametrize("triton_version, numpy_version, broken", VERSIONS)
+def test_chapter_4s_setup_cell_names_the_same_versions(monkeypatch, capsys, triton_version, numpy_version, broken):
+    """The notebook runs alone (Colab, a download), without coursekit: its setup cell has its own copy of the rule."""
+    import nbformat
+    import numpy as np
+    import triton
+
+    cell = next(c for c in nbformat.read(REPO / "solutions" / "ch4_flash" / "flash.ipynb", as_version=4).cells
+                if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setattr(triton, "__version__", triton_version)
+    monkeypatch.setattr(np, "__version__", numpy_version)
+    exec(compile(cell.source, "setup", "exec"), {})
+    said = capsys.readouterr().out
+    assert (f"Triton {triton_version}'s interpreter cannot run loops" in said) == broken, said
