@@ -265,10 +265,14 @@ def grade(assignment, submissions, out=None, *, cell_timeout=None, notebook_time
     if uses_triton(assignment):
         # Decided here, before any worker starts: the workers and the students' processes
         # inherit the choice (coursekit.triton_env).
-        from coursekit.triton_env import where_kernels_run
+        from coursekit import triton_env
 
-        kernels = where_kernels_run()
+        kernels = triton_env.where_kernels_run()
         log(f"Triton kernels run {kernels}")
+        problem = triton_env.interpreter_problem() if triton_env.interpreting() else None
+        if problem:   # every student's kernel with a loop would fail: their zeros, not theirs to own
+            raise EnvironmentProblem(f"{problem} Under it every kernel that loops would fail, the students' "
+                                     "and the grader's alike.")
     workers = max(1, workers or os.cpu_count() or 1)
     stage_root = out / "work"
     if stage_root.exists():

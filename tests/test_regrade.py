@@ -195,3 +195,24 @@ def test_a_grader_failure_is_reported_not_recorded_as_a_zero(tmp_path, monkeypat
     db = sqlite3.connect(out / "gradebook.db")
     recorded = dict(db.execute("SELECT student_id, count(*) FROM submitted_assignment GROUP BY student_id"))
     assert "carol" not in recorded and recorded["alice"] == 1
+
+
+def test_a_triton_that_cannot_interpret_loops_records_no_zeros(tmp_path, monkeypatch, capsys):
+    """Triton before 3.7 with NumPy 2.4 (coursekit.triton_env.interpreter_problem) fails every interpreted
+    kernel that loops: the grader refuses the whole run instead of scoring every Chapter 4 student zero."""
+    from autograde import cli
+    from coursekit import triton_env
+
+    said = "Triton 3.6.0's interpreter cannot run a loop whose bounds are tensors (a test's stand-in)."
+    monkeypatch.setattr(triton_env, "interpreter_problem", lambda: said)
+    monkeypatch.setenv("TRITON_INTERPRET", "1")    # kernels interpreted, as on a machine without a GPU
+    submitted, out = tmp_path / "submitted", tmp_path / "grading"
+    release = REPO / "exercises" / "ch4_flash" / "flash.ipynb"
+    write_submission(submitted, "alice", "ch4_flash", "flash.ipynb", release.read_text())
+    status = cli.main(["grade", "ch4_flash", str(submitted), "--out", str(out), "--workers", "1"])
+    assert status == 3
+    err = capsys.readouterr().err
+    assert "grading environment is broken" in err and said in err
+    assert not (out / "grades.csv").exists()
+    db = sqlite3.connect(out / "gradebook.db")
+    assert db.execute("SELECT count(*) FROM submitted_assignment").fetchone()[0] == 0
