@@ -76,7 +76,8 @@ SPREAD = {"autograder"}
 def pytest_collection_modifyitems(config, items):
     if config.getoption("--quick"):
         quick = [item for item in items if item.path.name in QUICK and not item.get_closest_marker("slow")]
-        config.hook.pytest_deselected(items=[item for item in items if item not in set(quick)])
+        kept = set(quick)
+        config.hook.pytest_deselected(items=[item for item in items if item not in kept])
         items[:] = quick
     for item in items:
         # Tests that share a module-scoped fixture (one grading batch, one
@@ -109,7 +110,8 @@ def pytest_leave_out_what_is_graded_again(config, items):
     again = [item for item in items if (m := item.get_closest_marker("graded_again")) and tuple(m.args) in collected]
     if again:
         config.hook.pytest_deselected(items=again)
-        items[:] = [item for item in items if item not in set(again)]
+        left_out = set(again)
+        items[:] = [item for item in items if item not in left_out]
 
 
 def _scope(item, name):

@@ -119,8 +119,10 @@ def test_chapter_4s_setup_cell_names_the_same_versions(monkeypatch, capsys, trit
     import numpy as np
     import triton
 
+    from tests.notebooks import nbgrader_meta
+
     cell = next(c for c in nbformat.read(REPO / "solutions" / "ch4_flash" / "flash.ipynb", as_version=4).cells
-                if c.metadata.get("nbgrader", {}).get("grade_id") == "setup")
+                if nbgrader_meta(c).get("grade_id") == "setup")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     monkeypatch.setattr(triton, "__version__", triton_version)
     monkeypatch.setattr(np, "__version__", numpy_version)
