@@ -6,8 +6,6 @@ directory (instructor notebooks) and `exercises/` its release directory
 of its own (see autograde.grade)."""
 from pathlib import Path
 
-from traitlets.config import Config
-
 REPO = Path(__file__).resolve().parent.parent
 SOLUTIONS = REPO / "solutions"
 EXERCISES = REPO / "exercises"
@@ -20,7 +18,12 @@ SOLUTION_MARKERS = ("### BEGIN SOLUTION", "### END SOLUTION")
 
 def solution_code(source_cell):
     """An instructor's solution cell as a student who solved it would leave it."""
-    return "\n".join(ln for ln in source_cell.source.split("\n") if ln.strip() not in SOLUTION_MARKERS)
+    return without_solution_markers(source_cell.source)
+
+
+def without_solution_markers(source):
+    """A solution cell's source with nbgrader's solution markers taken out."""
+    return "\n".join(ln for ln in source.split("\n") if ln.strip() not in SOLUTION_MARKERS)
 
 
 class CourseError(Exception):
@@ -48,6 +51,9 @@ def source_notebooks(assignment):
 def nbgrader_config(root, *, source="source", release="release", db_url=None,
                     cell_timeout=CELL_TIMEOUT_S):
     """The nbgrader configuration shared by generation and grading."""
+    # imported here: the benchmark reads SOLUTIONS from this module on GPU machines without Jupyter
+    from traitlets.config import Config
+
     c = Config()
     c.CourseDirectory.root = str(root)
     c.CourseDirectory.source_directory = str(source)

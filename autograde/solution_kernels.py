@@ -6,12 +6,11 @@ bookutils.benchmark asks for them here and omits their rows where this package
 is absent (the student release)."""
 import contextlib
 import io
+import json
 import linecache
 import types
 
-import nbformat
-
-from autograde.course import SOLUTIONS, solution_code
+from autograde.course import SOLUTIONS, without_solution_markers
 
 NOTEBOOK = SOLUTIONS / "ch4_flash" / "flash.ipynb"
 
@@ -23,19 +22,26 @@ def _run(code, namespace, label):
     exec(compile(code, filename, "exec"), namespace)
 
 
+def _code_cells(path):
+    """(nbgrader metadata, source) of each code cell. The notebook's JSON is read
+    directly: a GPU machine that runs the benchmark with PYTHONPATH alone has no
+    nbformat (or any of Jupyter)."""
+    for cell in json.loads(path.read_text(encoding="utf-8"))["cells"]:
+        if cell["cell_type"] == "code":
+            source = cell["source"]     # a string, or nbformat's list of lines
+            yield cell.get("metadata", {}).get("nbgrader", {}), "".join(source)
+
+
 def chapter4_kernels():
     """A namespace with the notebook's setup and every solution cell run in order:
     flash_attention_backward, FlashAttention (the book's forward kernel with that
     backward, as an autograd function) and decode_attention among them."""
     namespace = {"__name__": "chapter4_solutions"}
     with contextlib.redirect_stdout(io.StringIO()):   # the setup cell reports the Triton mode
-        for cell in nbformat.read(NOTEBOOK, as_version=4).cells:
-            meta = cell.metadata.get("nbgrader", {})
-            if cell.cell_type != "code":
-                continue
+        for meta, source in _code_cells(NOTEBOOK):
             if meta.get("grade_id") == "setup":
-                _run(cell.source, namespace, "setup")
+                _run(source, namespace, "setup")
             elif meta.get("solution") or meta.get("grade_id") == "flash_function":
-                _run(solution_code(cell), namespace, meta["grade_id"])
+                _run(without_solution_markers(source), namespace, meta["grade_id"])
     return types.SimpleNamespace(**{name: namespace[name] for name in
                                     ("flash_attention_backward", "FlashAttention", "decode_attention")})

@@ -4,8 +4,10 @@ exactly and cleans up, and the memory tracker is not fooled by Triton's
 interpreter re-wrapping its inputs. Kernels run in the interpreter here (set by
 conftest when there is no GPU), and natively on a GPU."""
 import json
+import os
 import subprocess
 import sys
+import textwrap
 
 import numpy as np
 import pytest
@@ -323,6 +325,24 @@ def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monk
     assert benchmark.tuned_backward_attention() == (None, benchmark.NO_TUNED_BACKWARD)
     monkeypatch.setitem(sys.modules, "autograde.tuned_decode", None)
     assert benchmark.tuned_decoding() == (None, benchmark.NO_TUNED_DECODE)
+
+
+def test_the_benchmark_finds_every_kernel_on_a_machine_without_jupyter():
+    """A lent GPU machine runs the benchmark from a checkout with PYTHONPATH alone:
+    no nbformat, traitlets or nbgrader there. The instructor's rows must not vanish."""
+    probe = textwrap.dedent("""
+        import sys
+        for name in ("nbformat", "traitlets", "nbgrader", "nbconvert", "jupyter_client", "IPython"):
+            sys.modules[name] = None                       # importing any of them now fails
+        from bookutils import benchmark
+        for found, why in (benchmark.solution_kernels(), benchmark.tuned_backward_attention(),
+                           benchmark.tuned_decoding()):
+            assert found is not None, why
+        print("every kernel found")
+    """)
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert proc.returncode == 0 and "every kernel found" in proc.stdout, proc.stderr[-3000:]
 
 
 # ---------------------------------------------------------------- a launcher's call, recorded and replayed
