@@ -346,6 +346,8 @@ def main(argv=None):
                         help=f"head width d of the forward and forward + backward tables (default {HEAD_DIM})")
     parser.add_argument("--save", metavar="FILE",
                         help="also write every row, the device, the versions and the commit as JSON")
+    parser.add_argument("--no-decode", action="store_true",
+                        help="leave out the decoding table (its rows depend on neither --head-dim nor --causal)")
     parser.add_argument("--compile", action="store_true",
                         help="print the compile report of every kernel for T4, A100, L4 and H100 instead")
     args = parser.parse_args(argv)
@@ -373,9 +375,10 @@ def main(argv=None):
         print(f"\nForward + backward: {shapes}, causal={args.causal}")
         tables["forward_backward"] = training_rows(kernels, d=d, causal=args.causal, tuned=tuned)
         _print_table(tables["forward_backward"], TRAINING_COLUMNS)
-        print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
-        tables["decode"] = decode_rows(kernels, tuned=decode)
-        _print_table(tables["decode"], DECODE_COLUMNS)
+        if not args.no_decode:
+            print("\nOne decoding step: float16, 32 query heads sharing 8 key-value heads, d = 128, full caches")
+            tables["decode"] = decode_rows(kernels, tuned=decode)
+            _print_table(tables["decode"], DECODE_COLUMNS)
     else:
         print(f"No GPU: peak CPU memory of one head (d = {d}, float32); the kernel runs in Triton's interpreter.")
         tables["cpu_memory"] = cpu_rows(d=d)
@@ -388,7 +391,7 @@ def main(argv=None):
         print(f"\nBackward and decoding rows left out: {why}.")
     if tuned is None and DEVICE == "cuda":
         print(f"\nThe '{TUNED_PAIR}' row left out: {why_tuned}.")
-    if decode is None and DEVICE == "cuda":
+    if decode is None and DEVICE == "cuda" and not args.no_decode:
         print(f"\nThe '{TUNED_DECODE}' rows left out: {why_decode}.")
     if args.save:
         results.save(args.save, tables, {"causal": args.causal, "dtype": "float16" if DEVICE == "cuda" else "float32",

@@ -6,6 +6,7 @@ A file records exactly what one run printed. Files written before the commit was
 recorded have no "commit" field and load all the same."""
 import datetime
 import json
+import os
 import platform
 import shutil
 import subprocess
@@ -31,20 +32,20 @@ def _driver_version():
 
 
 def _commit():
-    """The short hash of the checkout's HEAD, or None where it is not a git
-    repository or git is missing (a GPU machine may run a copy of the tree with
-    PYTHONPATH alone)."""
+    """The short hash of the checkout's HEAD; where it is not a git repository or
+    git is missing (a GPU machine may run a copy of the tree with PYTHONPATH
+    alone), the COURSE_COMMIT environment variable (set by scripts/gpu-run), else None."""
     tool = shutil.which("git")
-    if tool is None:
-        return None
-    try:
-        out = subprocess.run([tool, "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
-                             capture_output=True, text=True, timeout=30)
-    except (OSError, subprocess.SubprocessError):
-        return None
-    if out.returncode != 0:
-        return None
-    return out.stdout.strip() or None
+    out = None
+    if tool is not None:
+        try:
+            out = subprocess.run([tool, "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
+                                 capture_output=True, text=True, timeout=30)
+        except (OSError, subprocess.SubprocessError):
+            out = None
+    if out is not None and out.returncode == 0 and out.stdout.strip():
+        return out.stdout.strip()
+    return os.environ.get("COURSE_COMMIT") or None
 
 
 def environment():

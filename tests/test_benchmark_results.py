@@ -46,7 +46,16 @@ def _head():
 
 def test_without_git_the_commit_is_none(monkeypatch):
     monkeypatch.setattr(results.shutil, "which", lambda name: None)
+    monkeypatch.delenv("COURSE_COMMIT", raising=False)
     assert results.environment()["commit"] is None
+
+
+def test_a_copy_without_git_records_the_commit_it_is_told(monkeypatch):
+    """scripts/gpu-run names the commit for a tree copied without .git; a checkout's own HEAD wins."""
+    monkeypatch.setenv("COURSE_COMMIT", "abc1234")
+    assert results.environment()["commit"] == (_head() or "abc1234")
+    monkeypatch.setattr(results.shutil, "which", lambda name: None)
+    assert results.environment()["commit"] == "abc1234"
 
 
 def test_only_gpu_files_are_read_back_oldest_first(tmp_path):

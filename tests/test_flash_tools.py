@@ -327,6 +327,30 @@ def test_benchmark_leaves_out_the_solution_rows_without_the_grading_package(monk
     assert benchmark.tuned_decoding() == (None, benchmark.NO_TUNED_DECODE)
 
 
+@pytest.mark.parametrize("flags, decoded", [([], True), (["--no-decode"], False)])
+def test_the_gpu_command_saves_what_it_prints(monkeypatch, tmp_path, capsys, flags, decoded):
+    """main's GPU branch, with each table's timed rows stood in for: every table it
+    prints is saved, and --no-decode leaves out the decoding table and its note."""
+    from bookutils import benchmark
+
+    monkeypatch.setattr(benchmark, "DEVICE", "cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "a GPU")
+    monkeypatch.setattr(benchmark, "tuned_decoding", lambda: (None, "no tuned decoding here"))
+    monkeypatch.setattr(benchmark, "matmul_peak", lambda: {"method": "torch.matmul", "n": 8, "ms": 1.0, "tflops": 100.0})
+    row = {"method": "a method", "n": 64, "ms": 1.0, "tflops": 50.0, "peak_mib": 1.0}
+    monkeypatch.setattr(benchmark, "gpu_rows", lambda **kw: [dict(row)])
+    monkeypatch.setattr(benchmark, "training_rows", lambda *a, **kw: [dict(row)])
+    monkeypatch.setattr(benchmark, "decode_rows", lambda *a, **kw: [{"method": "a step", "batch": 1, "length": 1024,
+                                                                      "us": 9.0}])
+    benchmark.main(["--head-dim", "128", "--causal", *flags, "--save", str(tmp_path / "run.json")])
+    saved = json.loads((tmp_path / "run.json").read_text())
+    printed = capsys.readouterr().out
+    assert saved["settings"]["head_dim"] == 128 and saved["settings"]["causal"] is True
+    assert saved["tables"]["forward"][0]["matmul_share"] == 0.5 and "50%" in printed
+    assert ("decode" in saved["tables"]) == decoded == ("One decoding step" in printed)
+    assert ("no tuned decoding here" in printed) == decoded
+
+
 def test_the_benchmark_finds_every_kernel_on_a_machine_without_jupyter():
     """A lent GPU machine runs the benchmark from a checkout with PYTHONPATH alone:
     no nbformat, traitlets or nbgrader there. The instructor's rows must not vanish."""
