@@ -901,9 +901,10 @@ def _judge_cache_copies(what, report, window, kernel_launches):
     if 2 * report["largest_new"] >= window:
         raise GradingFailure(
             f"{what}: the launcher made a tensor of {report['largest_new']} bytes, at least half of the {window} bytes "
-            "of a cache window: a copy of the cache (or a buffer to copy it into). A decoding step is bound by the "
-            "bytes it reads, and a copy reads and writes the cache once more. Read the caches in place, through "
-            "their strides (batch, head, position).")
+            "of a cache window: a copy of the cache (or a buffer to copy it into), or the partial states of chunks "
+            "so short that they weigh that much. A decoding step is bound by the bytes it reads, and a copy reads and "
+            "writes the cache once more. Read the caches in place, through their strides (batch, head, position); "
+            "chunks of 64 positions or more keep the partial states small.")
     copying = [(p, ld, st) for p, ld, st in kernel_launches if ld is not None and 2 * st >= window]
     if copying:
         raise GradingFailure(

@@ -260,6 +260,11 @@ BWD_ASSUMES_CONTIGUOUS = edit(
     "flash_attention_backward", "    strides = [t.stride()[:3] for t in (q, k, v, do)]",
     "    strides = [torch.empty(t.shape).stride()[:3] for t in (q, k, v, do)]  # Bug: contiguous strides")
 
+# lse read as if contiguous: right for every visible case (flash_forward's lse is contiguous),
+# wrong where the hidden tests pass it as a window of a longer buffer.
+BWD_LSE_ASSUMED_CONTIGUOUS = edit("flash_attention_backward", "    lse = lse.float().contiguous()",
+                                  "    lse = lse.float()  # Bug: the kernels index lse as contiguous")
+
 # The head dimension cut at 64: D = 128 loses its last 64 columns.
 BWD_HEAD_DIM_CUT_AT_64 = edit("flash_attention_backward", "block_d = max(16, triton.next_power_of_2(head_dim))",
                               "block_d = min(64, max(16, triton.next_power_of_2(head_dim)))  # Bug: D cut at 64")
@@ -444,6 +449,13 @@ DECODE_COPIES_THE_CACHE = edit(
 DECODE_MERGE_WITHOUT_MAX = edit("decode_merge_kernel", "weight = l * tl.exp(m - top)",
                                 "weight = l * tl.exp(m)  # Bug: exp(m) overflows for large scores")
 
+# Chunks of 16 positions, the outputs right: with four query heads on one float16 cache head
+# (the visible test's second case) the partial states weigh half a cache window, which the
+# prompt says the copy rule counts; two heads per float32 cache head (the hidden in-place
+# test under the interpreter) weigh an eighth, and pass.
+DECODE_CHUNKS_OF_16 = {"decode_attention": _edit("decode_attention", "chunk = 64", "chunk = 16").replace(
+    "BLOCK_N=32", "BLOCK_N=16")}
+
 DECODE_ONE_PROGRAM_PER_HEAD = edit("decode_attention", "chunk = 64",
                                    "chunk = triton.next_power_of_2(max_len)  # Bug: one chunk, one program per head")
 
@@ -595,6 +607,7 @@ BUGGY = {
                                                 "test_bwd_scale_hidden"}),
     "bwd_assumes_contiguous_inputs": (BWD_ASSUMES_CONTIGUOUS,
                                       {"test_flash_attention_backward", "test_bwd_output_hidden"}),
+    "bwd_lse_assumed_contiguous": (BWD_LSE_ASSUMED_CONTIGUOUS, {"test_bwd_output_hidden"}),
     "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_flash_attention_backward", "test_bwd_output_hidden"}),
     "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_flash_attention_backward", "test_bwd_memory_hidden"}),
     "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
@@ -628,6 +641,7 @@ BUGGY = {
                                                                                   "test_decode_in_place_hidden"}),
     # The visible test and the in-place cell see the copy; the outputs are right.
     "decode_copies_the_cache": (DECODE_COPIES_THE_CACHE, {"test_decode_attention", "test_decode_in_place_hidden"}),
+    "decode_partial_states_of_16_position_chunks": (DECODE_CHUNKS_OF_16, {"test_decode_attention"}),
 }
 
 CORRECT = {
