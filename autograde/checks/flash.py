@@ -373,6 +373,24 @@ def _in_layout(t, layout, gen):
     raise ValueError(layout)
 
 
+def _layouts(layout, names):
+    """One layout per tensor: a single layout for all, or one each, in the order of names."""
+    layouts = (layout,) * len(names) if isinstance(layout, str) else tuple(layout)
+    assert len(layouts) == len(names), (layout, names)
+    return layouts
+
+
+def _layout_words(layout, names):
+    """The layout in a failure message: '' for contiguous tensors."""
+    layouts = _layouts(layout, names)
+    if set(layouts) == {"contiguous"}:
+        return ""
+    if len(set(layouts)) == 1:
+        return f", non-contiguous inputs ({layouts[0].replace('_', ' ')})"
+    return ", inputs in different layouts (" + ", ".join(
+        f"{name} {kind.replace('_', ' ')}" for name, kind in zip(names, layouts)) + ")"
+
+
 def _forbidden(names):
     return sorted({name for name in names
                    if name in FORBIDDEN_OPS or "scaled_dot_product" in name or "attention" in name})
@@ -571,6 +589,10 @@ BWD_HINT = ("Check D = rowsum(dO * O), P = exp(sm_scale * QK^T - lse) with the m
             "may be non-contiguous: use their strides in the kernels, or .contiguous() copies in the launcher.")
 
 
+BWD_INPUTS = ("q", "k", "v", "o", "do")         # the tensors a layout is given for, in this order
+DECODE_INPUTS = ("q", "k_cache", "v_cache")
+
+
 def _bwd_inputs(shape, causal, sm_scale, *, seed, dtype, magnitude, layout):
     """(q, k, v, o, lse, do) as the launcher gets them, in float64 NumPy, and the
     float64 o and lse of exact attention."""
@@ -587,9 +609,10 @@ def _bwd_inputs(shape, causal, sm_scale, *, seed, dtype, magnitude, layout):
     o64, lse64 = ref.attention_with_lse(q64, np.repeat(k64, group, 1), np.repeat(v64, group, 1), causal, sm_scale)
     o = torch.from_numpy(o64).to(dtype=dtype)
     lse = torch.from_numpy(lse64).to(device=device, dtype=torch.float32)
-    if layout != "contiguous":      # lse, a (B, H, N) tensor, is then a strided window too
+    layouts = _layouts(layout, BWD_INPUTS)
+    if set(layouts) != {"contiguous"}:      # lse, a (B, H, N) tensor, is then a strided window too
         lse = _in_layout(lse[..., None], "sliced", gen)[..., 0]
-    q, k, v, o, do = (_in_layout(t.to(device), layout, gen) for t in (q, k, v, o, do))
+    q, k, v, o, do = (_in_layout(t.to(device), kind, gen) for t, kind in zip((q, k, v, o, do), layouts))
     return (q, k, v, o, lse, do), (q64, k64, v64, do64, o64, lse64), dtype
 
 
@@ -631,7 +654,7 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
     originals = [t.clone() for t in (q, k, v, o, lse, do)]
     what = (f"flash_attention_backward(q of shape {tuple(q.shape)}, k and v of shape {tuple(k.shape)}, {dtype}, "
             f"causal={causal}" + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
-            + ("" if layout == "contiguous" else f", non-contiguous inputs ({layout.replace('_', ' ')})") + ")")
+            + _layout_words(layout, BWD_INPUTS) + ")")
     kwargs = {"causal": causal} if sm_scale is None else {"causal": causal, "sm_scale": sm_scale}
     follow = follow and interpreting() and dtype == torch.float32
     found, report, recording = _launch(flash_attention_backward, (q, k, v, o, lse, do), kwargs, what, record=follow)
@@ -656,7 +679,9 @@ def check_bwd_output(flash_attention_backward):
     """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads (as many key and
     value heads as query heads: grouped heads are check_bwd_gqa's); non-contiguous
     inputs (the (B, N, H, D) layout of a projection, the head dimension not contiguous, windows
-    of wider buffers); float16 too (the interpreter supports it), and bfloat16 on a GPU."""
+    of wider buffers), and two sequences of grouped heads with each input in its own layout,
+    so that no tensor's strides can stand in for another's; float16 too (the interpreter
+    supports it), and bfloat16 on a GPU."""
     import torch
 
     device, _ = _device_and_dtype(None)
@@ -665,6 +690,9 @@ def check_bwd_output(flash_attention_backward):
     for i, (shape, layout) in enumerate([((1, 2, 2, 64, 16), "heads_inner"), ((1, 2, 2, 32, 16), "d_major"),
                                          ((1, 2, 2, 40, 16), "sliced")]):
         _check_bwd(flash_attention_backward, shape, seed=740 + i, layout=layout, follow=i == 0)
+    mixed = ("heads_inner", "sliced", "heads_inner", "contiguous", "sliced")      # q, k, v, o, do
+    for causal in (False, True):
+        _check_bwd(flash_attention_backward, (2, 4, 2, 40, 16), causal, seed=745 + causal, layout=mixed)
     _check_bwd(flash_attention_backward, (1, 2, 2, 64, 32), seed=750, dtype=torch.float16)
     if device == "cuda":
         _check_bwd(flash_attention_backward, (2, 2, 2, 128, 64), seed=751, dtype=torch.bfloat16)
@@ -692,10 +720,11 @@ def check_bwd_scale(flash_attention_backward):
 
 
 def check_bwd_gqa(flash_attention_backward):
-    """Grouped-query attention: k and v with 1 (multi-query) or H / 2 or H / 3 heads; dK and dV
-    must add up the query heads of each group."""
+    """Grouped-query attention: groups of 2, 3 (not a power of two) and 4 query heads, and all
+    of them on one (multi-query); dK and dV must add up the query heads of each group."""
     for i, (shape, causal) in enumerate([((1, 4, 2, 40, 16), False), ((2, 4, 1, 33, 32), True),
-                                         ((1, 6, 3, 64, 16), True), ((2, 8, 2, 20, 16), False)]):
+                                         ((1, 6, 3, 64, 16), True), ((2, 8, 2, 20, 16), False),
+                                         ((1, 6, 2, 40, 16), True)]):
         _check_bwd(flash_attention_backward, shape, causal, seed=1000 + i, follow=i == 0)
 
 
@@ -841,13 +870,14 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
     q64, k64, v64 = (t.double().numpy() for t in (q, k_cache, v_cache))
     expected = ref.decode_attention(q64, k64, v64, lens, sm_scale)
     bound = bounds.decode_bounds(q64, k64, v64, lens, sm_scale, dtype, _native())
-    q, k_cache, v_cache = (_in_layout(t.to(device), layout, gen) for t in (q, k_cache, v_cache))
+    q, k_cache, v_cache = (_in_layout(t.to(device), kind, gen)
+                           for t, kind in zip((q, k_cache, v_cache), _layouts(layout, DECODE_INPUTS)))
     cache_lens = torch.tensor(lens, dtype=lens_dtype or torch.int32, device=device)
     originals = [t.clone() for t in (q, k_cache, v_cache, cache_lens)]
     what = (f"decode_attention(q of shape {tuple(q.shape)}, caches of shape {tuple(k_cache.shape)}, cache_lens={lens}"
             f" ({str(cache_lens.dtype).removeprefix('torch.')}), {dtype}"
             + (f", sm_scale={sm_scale}" if sm_scale is not None else "")
-            + ("" if layout == "contiguous" else f", non-contiguous inputs ({layout.replace('_', ' ')})") + ")")
+            + _layout_words(layout, DECODE_INPUTS) + ")")
     kwargs = {} if sm_scale is None else {"sm_scale": sm_scale}
     follow = follow and interpreting() and dtype == torch.float32
     out, report, recording = _launch(decode_attention, (q, k_cache, v_cache, cache_lens), kwargs, what,
@@ -873,20 +903,24 @@ def _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, sm
 
 def check_decode_output(decode_attention):
     """Caches of 1 to 300 positions with per-sequence lengths (1, full, ragged, a first sequence
-    much shorter than later ones), query groups of 1 (multi-head), 2, 4 and 8 (multi-query),
+    much shorter than later ones), query groups of 1 (multi-head), 2, 3, 4 and 8 (multi-query),
     head dims 16-128, a custom sm_scale, large scores, int32 and int64 lengths, non-contiguous
-    inputs (a window of a longer preallocated cache, the (B, L, H, D) layout); float16 too."""
+    inputs (a window of a longer preallocated cache, the (B, L, H, D) layout, the two caches in
+    different layouts); float16 too."""
     import torch
 
     device, _ = _device_and_dtype(None)
     for i, (batch, heads, kv_heads, max_len, d, lens, scale) in enumerate([
             (1, 1, 1, 1, 16, [1], None), (2, 2, 2, 40, 32, [40, 7], None), (3, 4, 2, 100, 64, [1, 100, 65], None),
             (1, 8, 1, 300, 16, [257], 0.5), (2, 4, 4, 64, 128, [64, 33], None), (2, 6, 3, 130, 32, [129, 2], 0.1),
-            (2, 2, 1, 300, 16, [3, 300], None)]):
+            (2, 2, 1, 300, 16, [3, 300], None), (2, 6, 2, 80, 32, [80, 17], None),
+            (1, 8, 2, 50, 16, [50], None)]):
         _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens, scale, seed=1200 + i,
                       follow=i == 2)
     _check_decode(decode_attention, 2, 4, 2, 120, 32, [20, 120], seed=1242, layout="sliced", lens_dtype=torch.int64)
     _check_decode(decode_attention, 2, 2, 1, 90, 16, [90, 31], seed=1243, layout="heads_inner", magnitude=12.0)
+    _check_decode(decode_attention, 2, 4, 2, 60, 16, [60, 23], seed=1244,
+                  layout=("contiguous", "sliced", "heads_inner"))           # q, k_cache, v_cache
     _check_decode(decode_attention, 2, 4, 2, 96, 32, [96, 50], seed=1250, dtype=torch.float16)
     if device == "cuda":
         _check_decode(decode_attention, 2, 8, 2, 4096, 128, [4096, 1000], seed=1251, dtype=torch.bfloat16)

@@ -333,6 +333,8 @@ BUGGY_ATTENTION = {
     "a softmax over the queries instead of the keys": _attention_with(softmax_axis=-2),
     "the mask applied after the softmax (rows no longer sum to 1)": _attention_with(mask_after=True),
     "scores scaled by 1/sqrt(d_v) instead of 1/sqrt(d_k)": _attention_with(score_scale=lambda q, k, v: v.shape[-1]),
+    "scores scaled by 1/sqrt(n_k), the number of keys, instead of 1/sqrt(d_k)":
+        _attention_with(score_scale=lambda q, k, v: k.shape[-2]),
     "a softmax that overflows on large scores": _attention_with(unstable=True),
     "a mask read the wrong way round (True hides the key)": _attention_with(inverted_mask=True),
     "masked scores set to -1e4 instead of excluded (wrong once the kept scores are far below -1e4)":

@@ -260,6 +260,18 @@ BWD_ASSUMES_CONTIGUOUS = edit(
     "flash_attention_backward", "    strides = [t.stride()[:3] for t in (q, k, v, do)]",
     "    strides = [torch.empty(t.shape).stride()[:3] for t in (q, k, v, do)]  # Bug: contiguous strides")
 
+# v given k's strides and do q's, since they have the same shapes: right while each pair
+# shares a layout, wrong where every input has a layout of its own, and in the capstone,
+# whose dO reaches the kernels in another layout than q.
+BWD_BORROWED_STRIDES = edit("flash_attention_backward", "strides = [t.stride()[:3] for t in (q, k, v, do)]",
+                            "strides = [t.stride()[:3] for t in (q, k, k, q)]  # Bug: v's and do's strides")
+
+# The batch and head offset of q taken as off_bh * stride_qh, as if stride_qb were H * stride_qh:
+# right for contiguous q and for one sequence, wrong for a second sequence in another layout.
+BWD_FLAT_BATCH_HEAD_OFFSET = edit(
+    "bwd_dq_kernel", "q_tile = tl.load(Q + b * stride_qb + h * stride_qh + offs_m[:, None] * stride_qn",
+    "q_tile = tl.load(Q + off_bh * stride_qh + offs_m[:, None] * stride_qn")
+
 # lse read as if contiguous: right for every visible case (flash_forward's lse is contiguous),
 # wrong where the hidden tests pass it as a window of a longer buffer.
 BWD_LSE_ASSUMED_CONTIGUOUS = edit("flash_attention_backward", "    lse = lse.float().contiguous()",
@@ -468,7 +480,8 @@ def _copy(X, Y, n, BLOCK: tl.constexpr):
     tl.store(Y + offs, tl.load(X + offs, mask=offs < n), mask=offs < n)
 
 
-""" + _edit("decode_attention", "chunk = 64", """copies = [torch.empty_like(t) for t in (k_cache, v_cache)]
+""" + _edit("decode_attention", "chunk = 64", """copies = [torch.empty(t.shape, device=t.device, dtype=t.dtype)
+              for t in (k_cache, v_cache)]
     for src, dst in zip((k_cache, v_cache), copies):   # Bug: only this copy runs on many programs
         _copy[(triton.cdiv(src.numel(), 256),)](src.contiguous(), dst, src.numel(), BLOCK=256)
     k_cache, v_cache = copies
@@ -576,7 +589,7 @@ BWD_KERNEL_CELLS = BWD_HIDDEN | {"test_flash_attention_backward", "test_bwd_comp
 DECODE_KERNEL_CELLS = {"test_decode_attention", "test_decode_output_hidden", "test_decode_split_hidden",
                        "test_decode_in_place_hidden", "test_decode_compiles_hidden"}
 BWD_CAUSAL_CELLS = {"test_flash_attention_backward", "test_bwd_ragged_causal_hidden", "test_bwd_scale_hidden",
-                    "test_bwd_gqa_hidden"}
+                    "test_bwd_gqa_hidden", "test_bwd_output_hidden"}
 
 BUGGY = {
     "merge_adds_o_without_rescaling": ({"merge_softmax_states": MERGE_NOT_RESCALED}, MERGE_CELLS),
@@ -604,10 +617,12 @@ BUGGY = {
     "bwd_no_causal_mask": (BWD_NO_CAUSAL_MASK, BWD_CAUSAL_CELLS | {"test_bwd_compiles_hidden"}),
     # The scale cell's last case has grouped heads too (large scores with one key head for two).
     "bwd_gqa_not_summed": (BWD_GQA_NOT_SUMMED, {"test_flash_attention_backward", "test_bwd_gqa_hidden",
-                                                "test_bwd_scale_hidden"}),
+                                                "test_bwd_output_hidden", "test_bwd_scale_hidden"}),
     "bwd_assumes_contiguous_inputs": (BWD_ASSUMES_CONTIGUOUS,
                                       {"test_flash_attention_backward", "test_bwd_output_hidden"}),
     "bwd_lse_assumed_contiguous": (BWD_LSE_ASSUMED_CONTIGUOUS, {"test_bwd_output_hidden"}),
+    "bwd_borrowed_strides": (BWD_BORROWED_STRIDES, {"test_bwd_output_hidden"}),
+    "bwd_flat_batch_head_offset": (BWD_FLAT_BATCH_HEAD_OFFSET, {"test_bwd_output_hidden"}),
     "bwd_head_dim_cut_at_64": (BWD_HEAD_DIM_CUT_AT_64, {"test_flash_attention_backward", "test_bwd_output_hidden"}),
     "bwd_nxn_scratch_buffer": (BWD_NXN_SCRATCH, {"test_flash_attention_backward", "test_bwd_memory_hidden"}),
     "bwd_numpy_inside_a_kernel": (BWD_NUMPY_IN_KERNEL, {"test_bwd_compiles_hidden"}),
@@ -763,9 +778,10 @@ CORRECT.update({
 })
 # Earlier mistakes that the capstone's runs meet as well: wrong gradients (or the book's kernels)
 # change the training's losses; wrong decoding outputs change the generated tokens.
-for _case in ("bwd_assumes_contiguous_inputs", "bwd_books_staged_kernels", "bwd_dk_without_scale",
-              "bwd_dkdv_kernel_stores_zeros", "bwd_dq_without_scale", "bwd_ds_without_d", "bwd_dv_never_stored",
-              "bwd_gqa_not_summed", "bwd_gradients_in_numpy", "bwd_gradients_in_torch", "bwd_no_causal_mask"):
+for _case in ("bwd_assumes_contiguous_inputs", "bwd_books_staged_kernels", "bwd_borrowed_strides",
+              "bwd_dk_without_scale", "bwd_dkdv_kernel_stores_zeros", "bwd_dq_without_scale", "bwd_ds_without_d",
+              "bwd_dv_never_stored", "bwd_gqa_not_summed", "bwd_gradients_in_numpy", "bwd_gradients_in_torch",
+              "bwd_no_causal_mask"):
     BUGGY[_case] = (BUGGY[_case][0], BUGGY[_case][1] | CAPSTONE_TRAINING)
 for _case in ("decode_assumes_contiguous_inputs", "decode_merge_stores_zeros"):
     BUGGY[_case] = (BUGGY[_case][0], BUGGY[_case][1] | CAPSTONE_GENERATE)

@@ -319,6 +319,10 @@ CHECKS_PROBE_EMPTY_ROWS = _SOLUTION_CHECKS.replace("MASK_CHANGE", "mask[2] = Fal
 CHECKS_MASK_ON_SMALL_SCORES = _SOLUTION_CHECKS.replace("MASK_CHANGE", "").replace("CALL", _GUARDED_CALL).replace(
     "for keep in (None, mask):", "for keep in (None, mask) if q.max() < 100 else (None,):")
 
+# Bug: as many keys as key columns (n_k = d_k), so a scale of 1/sqrt(n_k) looks right.
+CHECKS_KEYS_AS_WIDE_AS_THEY_ARE_LONG = _SOLUTION_CHECKS.replace("MASK_CHANGE", "").replace(
+    "CALL", _GUARDED_CALL).replace("batch, n_q, n_k, d_k, d_v = 2, 3, 5, 4, 2", "batch, n_q, n_k, d_k, d_v = 2, 3, 4, 4, 2")
+
 # An attack: no checks at all, just the answers in the order the tests ask (the visible
 # cell: two correct implementations, then four wrong ones) and used to ask in the hidden
 # cells (two correct implementations, then the wrong ones).
@@ -685,6 +689,8 @@ BUGGY = {
                                 {"test_passes_attention_checks", "test_attention_checks_accept_correct"}),
     "checks_mask_on_small_scores": ({"passes_attention_checks": CHECKS_MASK_ON_SMALL_SCORES},
                                     {"test_passes_attention_checks", "test_attention_checks_catch_bugs"}),
+    "checks_n_k_equal_to_d_k": ({"passes_attention_checks": CHECKS_KEYS_AS_WIDE_AS_THEY_ARE_LONG},
+                                {"test_attention_checks_catch_bugs"}),
     # Answers by call number, in the order the hidden implementations used to come in: the
     # visible cell passes; the hidden ones mix correct and wrong implementations in an order
     # drawn from the submission, and need the plainest of each judged right.
