@@ -31,7 +31,7 @@ LOSS_TOL = {"interpreter": 1e-4, "native": 2e-2}
 # apart than this, since a smaller gap could honestly go either way.
 LOGIT_TOL = {"interpreter": 1e-3, "native": 1e-1}
 
-PROMPTS = ("the key and the value of every", "each new ")
+PROMPTS = ("each new ", "the key and the value of every")      # the first is not the longest
 N_NEW = 12
 
 

@@ -701,6 +701,10 @@ def kernel_attention(q, k, v):
 # The lengths handed to decode_attention leave out the key just appended.
 GENERATE_LENGTH_OFF_BY_ONE = _edit("generate", "cache[1, :, :, :window], lengths + 1)",
                                    "cache[1, :, :, :window], lengths)  # Bug: the new key is not counted")
+# The cache and its windows sized from the first prompt, right while the first is the longest.
+GENERATE_SIZED_BY_FIRST_PROMPT = _edit("generate", "capacity = max(lens) + n_new",
+                                       "capacity = lens[0] + n_new  # Bug").replace(
+    "window = max(lens) + step + 1", "window = lens[0] + step + 1")
 # No cache: the whole sequence through the model at every step (right tokens, N times the work).
 GENERATE_RECOMPUTES = """
 def generate(model, prompts, n_new):
@@ -771,6 +775,8 @@ BUGGY.update({
     "capstone_recomputes_without_cache": ({"generate": GENERATE_RECOMPUTES}, CAPSTONE_CACHE),
     "capstone_cache_concatenated_each_step": ({"generate": GENERATE_CONCATENATES}, CAPSTONE_CACHE),
     "capstone_returns_a_list": ({"generate": GENERATE_RETURNS_LIST}, CAPSTONE_GENERATE),
+    "capstone_cache_sized_by_the_first_prompt": ({"generate": GENERATE_SIZED_BY_FIRST_PROMPT},
+                                                 CAPSTONE_GENERATE | CAPSTONE_CACHE),
 })
 CORRECT.update({
     "capstone_contiguous_copies_for_the_kernels": {"kernel_attention": STYLE_GLUE_CONTIGUOUS},
