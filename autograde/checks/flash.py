@@ -676,8 +676,9 @@ def _check_bwd(flash_attention_backward, shape, causal=False, sm_scale=None, *, 
 
 
 def check_bwd_output(flash_attention_backward):
-    """Non-causal, N a multiple of 32, every head dim 16-128, batch and heads (as many key and
-    value heads as query heads: grouped heads are check_bwd_gqa's); non-contiguous
+    """N a multiple of 32 (or 40), every head dim 16-128, batch and heads (as many key and
+    value heads as query heads: grouped heads are check_bwd_gqa's), non-causal but for one
+    of the mixed-layout calls below; non-contiguous
     inputs (the (B, N, H, D) layout of a projection, the head dimension not contiguous, windows
     of wider buffers), and two sequences of grouped heads with each input in its own layout,
     so that no tensor's strides can stand in for another's; float16 too (the interpreter
