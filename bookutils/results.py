@@ -36,15 +36,14 @@ def _commit():
     git is missing (a GPU machine may run a copy of the tree with PYTHONPATH
     alone), the COURSE_COMMIT environment variable (set by scripts/gpu-run), else None."""
     tool = shutil.which("git")
-    out = None
     if tool is not None:
         try:
             out = subprocess.run([tool, "rev-parse", "--short", "HEAD"], cwd=Path(__file__).resolve().parent,
                                  capture_output=True, text=True, timeout=30)
+            if out.returncode == 0 and out.stdout.strip():
+                return out.stdout.strip()
         except (OSError, subprocess.SubprocessError):
-            out = None
-    if out is not None and out.returncode == 0 and out.stdout.strip():
-        return out.stdout.strip()
+            pass
     return os.environ.get("COURSE_COMMIT") or None
 
 
