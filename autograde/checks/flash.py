@@ -341,7 +341,8 @@ def _nbytes(t):
 # pass views of other layouts, with the same values.
 def _in_layout(t, layout, gen):
     """t with the same values in another memory layout: "contiguous"; "heads_inner": the
-    (B, N, H, D) layout of a projection, seen as (B, H, N, D); "d_major": the last axis not
+    (B, N, H, D) layout of a projection, seen as (B, H, N, D) (decoding's q, (B, H, D): the
+    heads innermost, so that its last axis is not contiguous); "d_major": the last axis not
     contiguous; "sliced": a window of a wider, longer buffer (an offset and padded strides);
     "window": the first positions of a longer buffer, as a preallocated KV cache is;
     "heads_inner_window": the same in the (B, N, H, D) layout (other tensors: "window")."""
@@ -349,8 +350,9 @@ def _in_layout(t, layout, gen):
 
     if layout == "contiguous":
         return t
-    if layout == "heads_inner":
-        return t.transpose(1, -2).contiguous().transpose(1, -2)
+    if layout == "heads_inner":    # for decoding's 3-D q, transpose(1, -2) would change nothing
+        other = 2 if t.dim() == 3 else -2
+        return t.transpose(1, other).contiguous().transpose(1, other)
     if layout == "d_major":
         return t.transpose(-1, -2).contiguous().transpose(-1, -2)
     if layout == "sliced":
@@ -963,8 +965,10 @@ def check_decode_in_place(decode_attention):
 
 
 def check_decode_split(decode_attention):
-    """A long cache (2048 and 1500 positions) for 2 sequences of 4 query heads: the launch that
+    """A long cache (2048, 1500 and 9 positions) for 3 sequences of 4 query heads: the launch that
     reads the cache and reduces it must have more programs than (sequence, query head) pairs.
+    The 9-position sequence leaves chunks with no keys for any chunk length below 2048 (the
+    shorter caches of the other checks have none for chunk lengths from 1024 on).
     Under the interpreter that launch is found by its bytes: it loads at least a quarter of the
     valid cache and stores less than a quarter of what it loads (a copy or a cast of the cache
     stores as much as it loads, and does not count); on a GPU, the largest grid must be split.
@@ -973,7 +977,7 @@ def check_decode_split(decode_attention):
     import torch
 
     _check_decode(decode_attention, 2, 4, 2, 128, 32, [128, 90], seed=1301, follow=True)
-    batch, heads, kv_heads, max_len, d, lens = 2, 4, 2, 2048, 64, [2048, 1500]
+    batch, heads, kv_heads, max_len, d, lens = 3, 4, 2, 2048, 64, [2048, 1500, 9]
     launches = [entry[1:] for entry in _check_decode(decode_attention, batch, heads, kv_heads, max_len, d, lens,
                                                      seed=1300)["log"]]
     _, dtype = _device_and_dtype(None)

@@ -72,7 +72,8 @@ def _rope_call(rotary_half_split, x, lengths, rotary_dim, what):
 
 def check_rope_rotation(rotary_half_split):
     """Lengths kept, scores of real tokens independent of how much padding precedes
-    them, coordinates past rotary_dim untouched, and an odd or too large rotary_dim refused."""
+    them, coordinates past rotary_dim untouched (rotary_dim=0: every one, as the prompt says),
+    and an odd or too large rotary_dim refused."""
     rng = _rng(2)
     for width in (5, 9):  # called as a student calls it, rotary_dim left to its default
         expect_value_error(rotary_half_split, np.ones((1, 1, 2, width)), np.array([2]),
@@ -80,7 +81,7 @@ def check_rope_rotation(rotary_half_split):
                            reason="an odd width cannot be split into pairs")
     heads, d = 3, 12
     tokens = rng.normal(size=(2, heads, 5, d))      # five real tokens of a query and of a key array
-    for rotary_dim in (None, 8):
+    for rotary_dim in (None, 8, 0):
         for padding in (0, 1, 4):
             x = np.concatenate([rng.normal(scale=50.0, size=(2, heads, padding, d)), tokens], axis=2)
             what = f"rotary_half_split with {padding} padding rows before the same 5 tokens, rotary_dim={rotary_dim}"

@@ -468,6 +468,19 @@ DECODE_MERGE_WITHOUT_MAX = edit("decode_merge_kernel", "weight = l * tl.exp(m - 
 DECODE_CHUNKS_OF_16 = {"decode_attention": _edit("decode_attention", "chunk = 64", "chunk = 16").replace(
     "BLOCK_N=32", "BLOCK_N=16")}
 
+# Chunks of 1024 positions whose output is l's quotient with no guard: a chunk with no keys
+# stores 0/0, and the merge's zero weight keeps the NaN. Only a sequence shorter than a chunk,
+# beside one longer than it, makes such a chunk: under the interpreter, only the split cell's.
+DECODE_EMPTY_CHUNK_NAN = {
+    "decode_attention": _edit("decode_attention", "chunk = 64", "chunk = 1024"),
+    "decode_split_kernel": _edit("decode_split_kernel", "/ tl.where(l_chunk > 0, l_chunk, 1.0)",
+                                 "/ l_chunk  # Bug: 0/0 for a chunk past the sequence's end")}
+
+# q read with unit stride along its last axis, which the prompt does not promise for q.
+DECODE_Q_LAST_AXIS_ASSUMED_CONTIGUOUS = edit(
+    "decode_attention", "    q = q if q.stride(-1) == 1 else q.contiguous()      # one row per head; the caches are read in place\n",
+    "")
+
 DECODE_ONE_PROGRAM_PER_HEAD = edit("decode_attention", "chunk = 64",
                                    "chunk = triton.next_power_of_2(max_len)  # Bug: one chunk, one program per head")
 
@@ -657,6 +670,8 @@ BUGGY = {
     # The visible test and the in-place cell see the copy; the outputs are right.
     "decode_copies_the_cache": (DECODE_COPIES_THE_CACHE, {"test_decode_attention", "test_decode_in_place_hidden"}),
     "decode_partial_states_of_16_position_chunks": (DECODE_CHUNKS_OF_16, {"test_decode_attention"}),
+    "decode_empty_chunk_divides_0_by_0": (DECODE_EMPTY_CHUNK_NAN, {"test_decode_split_hidden"}),
+    "decode_q_last_axis_assumed_contiguous": (DECODE_Q_LAST_AXIS_ASSUMED_CONTIGUOUS, {"test_decode_output_hidden"}),
 }
 
 CORRECT = {

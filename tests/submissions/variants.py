@@ -46,6 +46,8 @@ ROPE_ROTATES_EVERYTHING = _rope(rotated="d")
 # Bug: positions counted from the first row, padding included (the scores between real
 # tokens stay the same, since only their offsets count; their values do not).
 ROPE_POSITIONS_FROM_ROW_0 = _rope(position="np.broadcast_to(np.arange(n), (len(lengths), n))")
+# Bug: rotary_dim=0 read as "the whole width" (`rotary_dim or d`), though the prompt says it rotates nothing.
+ROPE_ZERO_MEANS_WHOLE_WIDTH = _rope().replace("r = d if rotary_dim is None else rotary_dim", "r = rotary_dim or d")
 # Bug: no ValueError for an odd rotary_dim or one wider than the row.
 ROPE_NO_CHECK = _rope(check="False")
 
@@ -694,6 +696,8 @@ BUGGY = {
     # Most bad widths still fail with NumPy's own ValueError (shapes that do not broadcast),
     # the visible one included; rotary_dim = 5 for a row of 4 does not.
     "rope_no_error_on_odd_rotary_dim": ({"rotary_half_split": ROPE_NO_CHECK}, {"test_rope_rotation"}),
+    "rope_zero_rotary_dim_means_the_whole_width": ({"rotary_half_split": ROPE_ZERO_MEANS_WHOLE_WIDTH},
+                                                   {"test_rope_rotation"}),
     "padded_on_the_right": ({"left_padded_causal_attention": PADDED_ON_THE_RIGHT}, PADDED_CELLS),
     "padded_nan_on_empty_rows": ({"left_padded_causal_attention": PADDED_NAN_ROWS},
                                  PADDED_CELLS - {"test_left_padded_values"}),
