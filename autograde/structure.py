@@ -145,6 +145,23 @@ def comparable(text):
     return "\n".join(line.rstrip() for line in (text or "").splitlines()).rstrip()
 
 
+def as_released(cell):
+    """The cell holds what a release handed out: its content matches the checksum nbgrader
+    stored in it when that release was generated (nbgrader's own test for an edited read-only
+    cell). A student who began on an earlier release keeps that release's text of a prompt the
+    instructor has since changed; that is no edit of theirs."""
+    nbgrader, source = nbgrader_of(cell), source_of(cell)
+    checksum = nbgrader.get("checksum") if isinstance(nbgrader, Mapping) else None
+    if not isinstance(checksum, str) or source is None:
+        return False
+    try:
+        from nbgrader.utils import compute_checksum
+
+        return compute_checksum(nbformat.from_dict({**cell, "source": source})) == checksum
+    except Exception:       # metadata too damaged to hash (points that are not a number, ...)
+        return False
+
+
 def cells_by_grade_id(notebook):
     """grade_id -> the first cell holding it, in notebook order."""
     cells = {}
@@ -364,8 +381,13 @@ class _Normalizer:
         # The instructor's own version (hidden tests included) is what replaces it anyway.
         known = {comparable(source_of(release_cell)), comparable(source_of(self.source_cell(grade_id)))}
         if comparable(source_of(cell)) not in known:
-            self.note("locked-cell-modified", grade_id, f"{grade_id}: the content of this read-only cell was "
-                                                        "changed; replaced it by the instructor's version.", True)
+            if as_released(cell):
+                self.note("earlier-release-cell", grade_id, f"{grade_id}: this read-only cell is as an earlier "
+                                                            "release handed it out (its nbgrader checksum matches); "
+                                                            "replaced it by the current version.", False)
+            else:
+                self.note("locked-cell-modified", grade_id, f"{grade_id}: the content of this read-only cell was "
+                                                            "changed; replaced it by the instructor's version.", True)
         self.compare_with_release(position, cell, grade_id)
         original = self.source_cell(grade_id)
         self.output.append([grade_id, make_cell(original["cell_type"], source_of(original) or "",

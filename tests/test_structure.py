@@ -117,6 +117,23 @@ def test_an_edited_test_cell_is_restored_with_its_hidden_tests(submission, relea
     assert "replaced it by the instructor's version" in result.anomalies[0].detail
 
 
+@pytest.mark.parametrize("gid", ["intro", "test_softmax_any_axis"])
+def test_a_cell_of_an_earlier_release_is_replaced_without_a_flag(submission, release, source, gid):
+    """The instructor corrects a prompt or a test after handing out the release this student
+    began on: the student's copy still holds the old text, with the checksum nbgrader stored
+    when it generated that release, and is replaced without suspicion. The same cell edited by
+    the student no longer matches that checksum, and is flagged."""
+    newer_release, newer_source = copy.deepcopy(release), copy.deepcopy(source)
+    for notebook in (newer_release, newer_source):
+        find(notebook, gid)[0].source += "\n\n# corrected after the first release"
+    result = check(submission, newer_release, newer_source)
+    assert anomalies(result) == [("earlier-release-cell", gid, False)]
+    assert find(result.notebook, gid)[0].source == find(newer_source, gid)[0].source
+
+    find(submission, gid)[0].source += " (and a student's edit)"
+    assert anomalies(check(submission, newer_release, newer_source)) == [("locked-cell-modified", gid, True)]
+
+
 def test_trailing_whitespace_in_a_read_only_cell_is_not_an_edit(submission, release, source):
     cell = find(submission, "setup")[0]
     cell.source = cell.source.replace("\n", "  \n") + "\n\n"
