@@ -4,6 +4,8 @@ Each case replaces some solution cells (keyed by grade_id) of an otherwise
 correct submission. `loses` names the test cells that must score 0; every other
 autograded cell must get full points."""
 
+from tests.submissions.independent import CELLS as INDEPENDENT
+
 ASSIGNMENT = "ch3_complexity"
 NOTEBOOK = "complexity.ipynb"
 
@@ -589,6 +591,7 @@ CORRECT = {
     "fitting_checks_its_answer": {"longest_fitting": STYLE_FITTING_CHECKS_ITS_ANSWER},
     "dilated_residue_classes": {"dilated_local_attention": STYLE_DILATED_RESIDUE_CLASSES},
     "causal_lean_blocks": {"causal_linear_attention": STYLE_CAUSAL_LEAN_BLOCKS},
+    "written_from_the_release_alone": INDEPENDENT[ASSIGNMENT],
 }
 
 TRAINING_CELLS = {"test_training_flops", "test_training_flops_hidden"}

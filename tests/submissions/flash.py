@@ -10,7 +10,7 @@ from pathlib import Path
 import nbformat
 
 from tests.notebooks import nbgrader_meta, solution_code
-from tests.submissions.flash_independent import CELLS as INDEPENDENT_STUDENT
+from tests.submissions.independent import CELLS as INDEPENDENT
 
 ASSIGNMENT = "ch4_flash"
 NOTEBOOK = "flash.ipynb"
@@ -686,7 +686,7 @@ CORRECT = {
     "bwd_float32_copies": STYLE_BWD_FLOAT32_COPIES,
     "decode_chunks_from_the_longest": STYLE_DECODE_CHUNKS_FROM_LONGEST,
     "decode_one_program_per_key_value_head": STYLE_DECODE_GROUPED,
-    "independent_student_one_pass_backward_grouped_decoding": INDEPENDENT_STUDENT,
+    "written_from_the_release_alone": INDEPENDENT[ASSIGNMENT],
 }
 
 # Planted answers that the integrity report must flag for a person to look at.

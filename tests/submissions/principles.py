@@ -4,6 +4,8 @@ Each case replaces some solution cells (keyed by grade_id) of an otherwise
 correct submission. `loses` names the test cells that must score 0; every other
 autograded cell must get full points."""
 
+from tests.submissions.independent import CELLS as INDEPENDENT
+
 ASSIGNMENT = "ch1_principles"
 NOTEBOOK = "principles.ipynb"
 
@@ -611,6 +613,7 @@ CORRECT = {
                             "softmax_jvp": STYLE_JVP_TWO_TERMS,
                             "commuting_permutations": STYLE_SYMMETRIES_PERMUTATION_MATRICES},
     "symmetries_recursive_frobenius": {"commuting_permutations": STYLE_SYMMETRIES_RECURSIVE_FROBENIUS},
+    "written_from_the_release_alone": INDEPENDENT[ASSIGNMENT],
 }
 
 SDPA_CELLS = {"test_scaled_dot_product_attention", "test_sdpa_batched_and_masked", "test_sdpa_extreme_scores"}

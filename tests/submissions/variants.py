@@ -4,6 +4,8 @@ Each case replaces some solution cells (keyed by grade_id) of an otherwise
 correct submission. `loses` names the test cells that must score 0; every other
 autograded cell must get full points."""
 
+from tests.submissions.independent import CELLS as INDEPENDENT
+
 ASSIGNMENT = "ch2_variants"
 NOTEBOOK = "variants.ipynb"
 
@@ -673,6 +675,7 @@ CORRECT = {
                                         "additive_attention_grads": STYLE_GRADS_JACOBIAN_PER_QUERY},
     "grads_log_sum_exp_reversed_sech": {"additive_attention_grads": STYLE_GRADS_LOG_SUM_EXP},
     "decoder_with_torch_sdpa": {"DecoderLayer": STYLE_DECODER_MANUAL},
+    "written_from_the_release_alone": INDEPENDENT[ASSIGNMENT],
 }
 
 ROPE_CELLS = {"test_rotary_half_split", "test_rope_values", "test_rope_rotation"}
