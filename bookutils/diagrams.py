@@ -101,8 +101,7 @@ def tile_dataflow(blocks=4, i=1, j=2):
     _box(ax, 0.2, 0.3, 6.0, 8.1, fill="0.95", edge="0.4")
     ax.text(3.2, 8.0, "HBM: slow, large", ha="center", fontsize=11, weight="bold")
     _box(ax, 8.6, 0.3, 9.6, 8.1, fill="#fff4e8", edge=ORANGE, lw=2)
-    ax.text(13.4, 8.0, "on the chip: one program's registers and shared memory", ha="center", fontsize=11,
-            weight="bold")
+    ax.text(13.4, 8.0, "on the chip: registers, shared memory", ha="center", fontsize=11, weight="bold")
     width = 5.2 / blocks
     rows = {"Q": (6.6, BLUE, i), "K": (4.9, ORANGE, j), "V": (3.2, ORANGE, j), "O": (0.9, GREEN, i)}
     for name, (y, colour, mine) in rows.items():
@@ -121,8 +120,8 @@ def tile_dataflow(blocks=4, i=1, j=2):
          fill="#e6f2e6", edge=GREEN, size=9)
     _box(ax, 9.0, 0.8, 2.6, 1.4, f"$O_{{{i}}}$ = acc / $l$\nafter the last block", fill="#e6f2e6", edge=GREEN, size=8.5)
     _arrow(ax, (5.9, 7.1), (9.0, 7.0), BLUE, "once", size=9)
-    _arrow(ax, (5.9, 5.4), (9.0, 5.4), ORANGE, "block j, each step", size=8.5)
-    _arrow(ax, (5.9, 3.7), (9.0, 3.7), ORANGE, "block j, each step", size=8.5)
+    _arrow(ax, (5.9, 5.4), (9.0, 5.4), ORANGE, "each step", size=8.5)
+    _arrow(ax, (5.9, 3.7), (9.0, 3.7), ORANGE, "each step", size=8.5)
     _arrow(ax, (9.0, 1.4), (5.9, 1.4), GREEN, "once", size=9)
     _arrow(ax, (11.6, 7.0), (12.6, 6.6), "0.3")
     _arrow(ax, (11.6, 5.4), (12.6, 5.6), "0.3")

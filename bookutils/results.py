@@ -111,8 +111,13 @@ def forward_figure(records):
     titled with where and when it was measured."""
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(records), figsize=(5.5 * len(records), 4.0), squeeze=False)
-    for ax, (name, record) in zip(axes[0], records):
+    # Two panels a row at most: the page shrinks a wider figure until its labels cannot be read.
+    cols = min(2, len(records))
+    rows = -(-len(records) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.9 * cols, 4.0 * rows), squeeze=False)
+    for ax in axes.flat[len(records):]:
+        ax.remove()
+    for ax, (name, record) in zip(axes.flat, records):
         rows = record["tables"].get("forward", [])
         for method in dict.fromkeys(r["method"] for r in rows):
             mine = [r for r in rows if r["method"] == method]
@@ -123,8 +128,8 @@ def forward_figure(records):
         ax.set_ylim(bottom=0)
         where, _, what = label(record).partition(" UTC, ")     # two lines: where and when, then with what
         title = f"{where} UTC\n{what}" if what else where
-        ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=7)
-        ax.legend(fontsize=7)
+        ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=8)
+        ax.legend(fontsize=7, loc="lower right")   # the rates rise with N: the lower right is free
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
     return fig

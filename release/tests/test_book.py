@@ -27,6 +27,16 @@ def test_every_cell_ran_without_error(site):
         assert 'class="output traceback' not in text and "ansi-red-fg" not in text, f"{page} shows an error"
 
 
+def test_no_cell_writes_to_stderr(site):
+    """What a cell writes to stderr (a warning, mostly) would be shown on the page, with the
+    build machine's paths."""
+    build, _ = site
+    for page in toc_files():
+        text = (build / "html" / f"{page}.html").read_text()
+        shown = re.search(r'class="output stderr[^>]*>(.{0,300})', text, re.S)
+        assert not shown, f"{page} shows what a cell wrote to stderr: {re.sub('<[^>]+>', '', shown.group(1))!r}"
+
+
 def test_figures_have_alt_text(site):
     build, _ = site
     images = 0

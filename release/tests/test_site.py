@@ -114,8 +114,30 @@ def test_page_loads_cleanly_and_renders_its_math(browser, server, page):
                 assert raw not in text, f"{page}: unrendered math ({raw!r}) is visible"
         missing_alt = visit.page.locator("main img:not([alt]), main img[alt='']").count()
         assert missing_alt == 0, f"{page}: {missing_alt} images without alt text"
+        hidden = visit.page.evaluate("""() => [...document.querySelectorAll(
+                'div.cell_output pre, mjx-container[display="true"]')]
+            .filter(e => e.scrollWidth > e.clientWidth + 1)
+            .map(e => e.innerText.slice(0, 80))""")
+        assert not hidden, f"{page}: outputs or equations wider than the column, partly hidden: {hidden[:3]}"
+        unlinked = visit.page.evaluate("""() => [...document.querySelectorAll('div.cell_output img')]
+            .filter(img => img.closest('a.full-size-figure')?.getAttribute('href') !== img.getAttribute('src'))
+            .map(img => img.getAttribute('src'))""")
+        assert not unlinked, f"{page}: figures that do not open at full size: {unlinked}"
     finally:
         visit.close()
+
+
+@pytest.mark.parametrize("page", toc_files())
+def test_no_page_scrolls_sideways_on_a_phone(browser, server, page):
+    """At a phone's width (390 px) the page itself fits: wide figures, tables, widgets and
+    equations scroll or shrink inside their own boxes, and long code names wrap."""
+    view = browser.new_page(viewport={"width": 390, "height": 844})
+    try:
+        view.goto(f"{server}/{page}.html", wait_until="networkidle")
+        width = view.evaluate("() => document.documentElement.scrollWidth")
+    finally:
+        view.close()
+    assert width <= 391, f"{page}: the page is {width} px wide on a 390 px screen"
 
 
 def test_chapter_page_has_copy_buttons_navigation_and_outputs(browser, server):
