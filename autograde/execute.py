@@ -19,6 +19,7 @@ grader's helpers in the student's process were changed while it ran.
 
 The result is the notebook with outputs (test cells: this process's output or
 the check's error), so nbgrader's own scoring, gradebook and feedback follow."""
+import builtins
 import contextlib
 import importlib
 import io
@@ -43,6 +44,10 @@ TAMPERING = {"changes the grader's helpers in its process", "replaces the code o
              "rebinds an attribute of the grader's helpers"}
 
 MAX_RESTARTS = 20  # each costs at most a cell's time limit; the notebook's limit bounds them all
+
+# A student's `len` or `print` must not replace the builtin that the grader's visible tests
+# call: names the student defines are bound in the test namespace only where they are not builtins.
+BUILTIN_NAMES = frozenset(vars(builtins))
 
 
 @dataclass
@@ -254,7 +259,7 @@ class NotebookRun:
             self._recover_torchless(label)
 
     def _bind_student_names(self, hidden):
-        names = self.sandbox.names()
+        names = [name for name in self.sandbox.names() if name not in BUILTIN_NAMES]
         for name in names:
             current = self.ns.get(name)
             if current is None or isinstance(current, (Remote, _NotInTorchless)):

@@ -415,8 +415,9 @@ def _fresh_home(spec):
 
 def _sweep(request):
     """End everything a student started and remove what it wrote: its session,
-    every process of its user id (as root), its folder, /tmp and /dev/shm."""
-    import shutil
+    every process of its user id (as root), its folder, /tmp and /dev/shm, and the
+    System V IPC objects of the sandbox."""
+    import subprocess
     import time
 
     from student_runtime.processes import count_processes
@@ -439,16 +440,34 @@ def _sweep(request):
             if count_processes(uid=uid) == 0:
                 break
             time.sleep(0.05)
-    shutil.rmtree(request["home"], ignore_errors=True)
+    _remove(request["home"])
     if not request.get("isolated"):
         return
     for folder, keep in (("/dev/shm", ()), ("/tmp", (TEMPLATE_FOLDER,))):
         for entry in os.listdir(folder) if os.path.isdir(folder) else ():
             path = os.path.join(folder, entry)
-            if path in keep:
-                continue
-            with contextlib.suppress(OSError):
-                shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
+            if path not in keep:
+                _remove(path)
+    # System V shared memory, semaphores and message queues outlive their process: in the
+    # sandbox's own IPC namespace, what one student made must not reach the next.
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["ipcrm", "--all"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=10)
+
+
+def _remove(path):
+    """Remove a file or a folder tree, however deep: a student can nest folders past
+    Python's recursion limit, which shutil.rmtree would not survive. GNU rm walks any
+    depth; shutil.rmtree is the fallback where it is missing."""
+    import shutil
+    import subprocess
+
+    if not os.path.lexists(path):
+        return
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        subprocess.run(["rm", "-rf", "--", path], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60)
+    if os.path.lexists(path):
+        with contextlib.suppress(Exception):
+            shutil.rmtree(path) if os.path.isdir(path) and not os.path.islink(path) else os.unlink(path)
 
 
 TEMPLATE_FOLDER = "/tmp/template"  # the template's working folder in the sandbox (autograde.sandbox)
@@ -462,6 +481,10 @@ class AuditLog:
     chose (before and after a graded call)."""
 
     DISTINCT = 2000  # different sightings kept per process; more is a flood, itself reported
+    # Bytes read per call: a process that keeps the pipe full (of anything, even empty lines)
+    # must not keep the template reading, which would leave the grader's requests unanswered.
+    BUDGET = 1 << 20
+    FLOOD = "floods its audit report"
 
     def __init__(self, fd):
         self.fd = fd
@@ -472,7 +495,11 @@ class AuditLog:
     def read(self):
         import json
 
+        taken = 0
         while self.fd is not None:
+            if taken >= self.BUDGET:   # more is waiting: read on at the next call, and say so
+                self._add({"what": self.FLOOD, "detail": "", "cell": ""})
+                return
             try:
                 chunk = os.read(self.fd, 65536)
             except BlockingIOError:
@@ -483,6 +510,7 @@ class AuditLog:
                 os.close(self.fd)
                 self.fd = None
                 return
+            taken += len(chunk)
             *lines, self.partial = (self.partial + chunk).split(b"\n")
             if len(self.partial) > 4096:
                 self.partial = b""
@@ -496,7 +524,7 @@ class AuditLog:
         self.seq += 1
         key = (event["what"], event["detail"])
         if key not in self.entries and len(self.entries) >= self.DISTINCT:
-            key = ("floods its audit report", "")
+            key = (self.FLOOD, "")
             event = {"what": key[0], "detail": "", "cell": event["cell"]}
         entry = self.entries.setdefault(key, {**event, "count": 0})
         entry["count"] += 1
@@ -594,8 +622,10 @@ def zygote(control_fd, torchless=False):
                 return
             ended[pid] = os.waitstatus_to_exitcode(status)
 
+    asked = {"id": None}   # the request being answered: its number goes back with the reply
+
     def reply(message, fds=()):
-        socket.send_fds(control, [json.dumps(message).encode() + b"\n"], list(fds))
+        socket.send_fds(control, [json.dumps({**message, "id": asked["id"]}).encode() + b"\n"], list(fds))
 
     audits = {}  # student pid -> its AuditLog
     reply({"ready": os.getpid()})
@@ -616,6 +646,7 @@ def zygote(control_fd, torchless=False):
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
             request = json.loads(line)
+            asked["id"] = request.get("id")
             if request["op"] == "spawn":
                 needed = _address_space() + MIN_FREE_MEMORY
                 if request["memory_bytes"] and request["memory_bytes"] < needed:
@@ -651,7 +682,10 @@ def zygote(control_fd, torchless=False):
                 log = audits.pop(request["pid"], None)
                 if log is not None:
                     log.close()
-                _sweep(request)
+                try:
+                    _sweep(request)
+                except Exception:   # whatever a student left, the template lives on for the next one
+                    pass
                 reap()
                 reply({"swept": True})
             elif request["op"] == "ended":

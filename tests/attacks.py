@@ -718,6 +718,102 @@ def softmax_jvp(x, u, axis=-1):
 """})
 
 
+# ------------------------------------------------------------------ attacks on the sandbox's machinery
+
+def floods_the_audit_pipe(release, source, out):
+    """Correct code whose process keeps the pipe its audit hook reports through full of empty
+    lines from background threads, so that the template reading it would stop answering the
+    grader (the whole batch once stopped with an environment error)."""
+    return _with(release, source, {"softmax": CORRECT_SOFTMAX + """
+import fcntl, os, stat, threading, time
+
+def _write_only_pipes():
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            fd = int(name)
+            if stat.S_ISFIFO(os.fstat(fd).st_mode) and fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_ACCMODE == os.O_WRONLY:
+                found.append(fd)
+        except OSError:
+            pass
+    return found
+
+def _flood(fd, seconds):
+    end = time.monotonic() + seconds
+    while time.monotonic() < end:
+        try:
+            os.write(fd, b"\\n" * 65536)
+        except OSError:
+            return
+
+for _fd in _write_only_pipes():
+    threading.Thread(target=_flood, args=(_fd, 45), daemon=True).start()
+"""})
+
+
+def deep_folder_tree(release, source, out):
+    """Correct code that leaves a folder tree 1500 levels deep, past the recursion limit of the
+    Python that cleans up after it (the next student in that worker once got an error)."""
+    return _with(release, source, {"softmax": CORRECT_SOFTMAX + """
+import os as _os
+_here = _os.getcwd()
+for _ in range(1500):
+    _os.mkdir("d")
+    _os.chdir("d")
+_os.chdir(_here)
+"""})
+
+
+_SYSV_SHM = """
+import ctypes
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.shmget.restype = ctypes.c_int
+_libc.shmget.argtypes = [ctypes.c_int, ctypes.c_size_t, ctypes.c_int]
+_libc.shmat.restype = ctypes.c_void_p
+_libc.shmat.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_int]
+_KEY, _SIZE = 0x5EC2E7, 1 << 16
+"""
+
+
+def leaves_shared_memory(release, source, out):
+    """Correct code that leaves its softmax in a System V shared memory segment, which outlives
+    its process."""
+    return _with(release, source, {"softmax": _SYSV_SHM + CORRECT_SOFTMAX + """
+import inspect as _i
+_shmid = _libc.shmget(_KEY, _SIZE, 0o1666)
+if _shmid >= 0:
+    _code = ("import numpy as np\\n" + _i.getsource(softmax)).encode()
+    ctypes.memmove(_libc.shmat(_shmid, None, 0), _code + b"\\0", len(_code) + 1)
+"""})
+
+
+def picks_up_shared_memory(release, source, out):
+    """Has no softmax of its own: runs one left in System V shared memory, if any."""
+    return _with(release, source, {"softmax": _SYSV_SHM + """
+_shmid = _libc.shmget(_KEY, _SIZE, 0o666)
+if _shmid >= 0:
+    exec(ctypes.string_at(_libc.shmat(_shmid, None, 0)).decode())
+else:
+    def softmax(x, axis=-1):
+        return np.exp(x)
+"""})
+
+
+def shadows_a_builtin(release, source, out):
+    """commuting_permutations that tries only the identity and the reversal, and a `len` that
+    answers 6, the count the visible test expects for an elementwise map."""
+    return _with(release, source, {"commuting_permutations": """
+def commuting_permutations(f, n, d):
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(n, d)) for _ in range(3)]
+    return [p for p in (list(range(n)), list(range(n))[::-1])
+            if all(np.allclose(f(x[p]), f(x)[p]) for x in xs)]
+
+def len(obj):
+    return 6
+"""})
+
+
 ATTACKS = {f.__name__: f for f in (
     allclose_patch, always_equal, always_equal_object, input_transformer, grading_marker, reads_hidden_tests,
     writes_gradebook, loops_in_function, memory_bomb, fork_bomb, stderr_warnings, deletes_test_cells,
@@ -727,7 +823,8 @@ ATTACKS = {f.__name__: f for f in (
     _scratch("b"), torch_in_a_thread, torch_when_unwatched, rebinds_the_numpy_probe, jacobian_in_a_thread,
     jacobian_in_a_forked_child, jacobian_in_a_kept_buffer, jacobian_in_a_tmp_file, jacobian_in_a_kept_shared_mapping,
     jacobian_through_a_file_kept_open, rewrites_the_memory_probe, tampers_while_graded, calls_back_with_a_huge_input,
-    honest_scratch_in_tmp, honest_notes_in_a_measured_call)}
+    honest_scratch_in_tmp, honest_notes_in_a_measured_call, floods_the_audit_pipe, deep_folder_tree,
+    leaves_shared_memory, picks_up_shared_memory, shadows_a_builtin)}
 
 
 # ------------------------------------------------------------------ Chapter 2: the same mechanisms, another notebook

@@ -94,6 +94,13 @@ EXPECTED = {
     "calls_back_with_a_huge_input": (ATTENTION_CHECKS, {"sandbox: makes a grader function exceed its bounds"}),
     "honest_scratch_in_tmp": (set(), set()),
     "honest_notes_in_a_measured_call": (set(), set()),
+    # The sandbox's machinery: a full audit pipe, a folder tree too deep for a recursive clean-up,
+    # System V shared memory that outlives its process, a builtin the visible tests call.
+    "floods_the_audit_pipe": (set(), {"sandbox: floods its audit report"}),
+    "deep_folder_tree": (set(), set()),
+    "leaves_shared_memory": (set(), {"sandbox: calls native code (ctypes)"}),
+    "picks_up_shared_memory": (SOFTMAX | SDPA | MHA | JVP, {"sandbox: calls native code (ctypes)"}),
+    "shadows_a_builtin": (GAP, set()),
 }
 HONEST = ("honest_a", "honest_b", "honest_c")
 
