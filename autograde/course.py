@@ -77,6 +77,7 @@ def nbgrader_config(root, *, source="source", release="release", db_url=None,
     c.GenerateFeedback.preprocessors = [
         "nbgrader.preprocessors.GetGrades",
         "autograde.feedback.RedactHiddenTests",
+        "autograde.feedback.InertStudentHTML",
         "nbconvert.preprocessors.CSSHTMLHeaderPreprocessor",
     ]
     return c
