@@ -19,6 +19,10 @@ PATTERNS = {
     "inspects frames or source (inspect)": r"\bimport\s+inspect\b|\binspect\.|\bsys\._getframe\b",
     "rebinds an attribute of a course library": r"^\s*(?:np|numpy|torch|triton|tl|autograde|coursekit|student_runtime|tracemalloc)(?:\.\w+)+\s*=(?!=)",
     "exits its process (os._exit)": r"\bos\._exit\b",
+    # Code built from text at run time hides from this scan (a kernel's default argument that
+    # rewrote the compile report once did); a method such as model.eval() is not a call of it.
+    "runs code built from text (exec, eval, compile, __import__)":
+        r"(?<![\w.])(?:exec|eval|compile|__import__)\s*\(",
     "opens a file outside its folder": r"\bopen\(\s*[rbf]?['\"](?:/(?!tmp/)|\.\.|~)",  # /tmp is the student's
     # Not an attack: the exercises ask for what the book did not write out, so
     # an answer built on the book's helpers deserves a person's look.

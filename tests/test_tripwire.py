@@ -18,6 +18,8 @@ ATTACKS = {
     "inspects frames or source (inspect)": "import inspect\nframe = inspect.currentframe().f_back",
     "rebinds an attribute of a course library": "np.allclose = lambda *a, **k: True",
     "exits its process (os._exit)": "import os\nos._exit(0)",
+    "runs code built from text (exec, eval, compile, __import__)":
+        "import base64\nexec(base64.b64decode('cHJpbnQoMSk='))",
     "opens a file outside its folder": "secret = open('/srv/course/source/tests.ipynb').read()",
     "imports the book's helpers": "from bookutils import softmax_rows",
 }
