@@ -1,6 +1,8 @@
 """The built site in a real browser: Debian's Chromium driven by Playwright,
 over a local HTTP server. Every page loads with no console error and no failed
 or external request, math is rendered by the MathJax shipped with the site,
+printed text and equations fit the text column (a printed table may scroll,
+marked as such), figures open at full size, no page is wider than a phone,
 links and images resolve, search works, exercise pages offer the student
 notebook, and the home page and a chapter pass axe-core's serious and critical
 rules. Screenshots are saved next to the build for a person to look at."""
