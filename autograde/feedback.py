@@ -10,6 +10,8 @@ import re
 from nbconvert.preprocessors import Preprocessor
 from traitlets import Bool, Unicode
 
+from autograde.structure import is_students
+
 HIDDEN_NOTE = "# (hidden tests ran here; their code is not shown)"
 
 
@@ -50,7 +52,7 @@ class InertStudentHTML(Preprocessor):
     enabled = Bool(True)
 
     def preprocess_cell(self, cell, resources, index):
-        if cell.cell_type == "markdown" and cell.get("metadata", {}).get("nbgrader", {}).get("solution"):
+        if cell.cell_type == "markdown" and is_students(cell):
             cell.source = TAG_START.sub("&lt;", cell.source)
         for output in cell.get("outputs", []):
             data = output.get("data")

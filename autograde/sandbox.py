@@ -59,7 +59,7 @@ from autograde import cgroups
 from student_runtime import wire
 from student_runtime.layers import REPORT as LAYER_REPORT
 from student_runtime.processes import count_processes
-from student_runtime.server import AuditLog
+from student_runtime.server import FLOOD as AUDIT_FLOOD
 from student_runtime.torchless import BLOCKED as TORCH_PACKAGES, USE as TORCH_USE
 
 STARTUP_TIMEOUT_S = 120
@@ -330,8 +330,6 @@ def _sandbox_python():
         return sys.executable
     return os.path.join(VENV_VIEW, os.path.relpath(sys.executable, sys.prefix))
 
-
-AUDIT_FLOOD = AuditLog.FLOOD   # what the template records for a process that keeps its audit pipe full
 
 # Student code runs in namespaces unless the instructor explicitly chose
 # process limits only (`--no-namespaces`), which the report then says.

@@ -1,4 +1,4 @@
-"""Plotting helpers for attention weights."""
+"""Plotting helpers: attention weights, and grids of panels that the page can show legibly."""
 
 
 def weights_heatmap(ax, A, fmt=".2f"):
@@ -15,3 +15,18 @@ def weights_heatmap(ax, A, fmt=".2f"):
     ax.set_xlabel("key $j$")
     ax.set_ylabel("query $i$")
     return im
+
+
+def panel_grid(n, width, height, **kwargs):
+    """(figure, 2-D array of axes) for n panels (at least one), two a row at most: the page
+    shrinks a wider figure to its text column until the labels cannot be read. Places of the
+    grid past the n-th are removed; each panel is width x height inches."""
+    import matplotlib.pyplot as plt
+
+    n = max(n, 1)
+    cols = min(2, n)
+    rows = -(-n // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(width * cols, height * rows), squeeze=False, **kwargs)
+    for ax in axes.flat[n:]:
+        ax.remove()
+    return fig, axes

@@ -109,14 +109,9 @@ def gpu_records(folder=RESULTS_DIR):
 def forward_figure(records):
     """One panel per (file name, record): forward TFLOP/s against N, a line per method,
     titled with where and when it was measured."""
-    import matplotlib.pyplot as plt
+    from bookutils.plotting import panel_grid
 
-    # Two panels a row at most: the page shrinks a wider figure until its labels cannot be read.
-    cols = min(2, len(records))
-    rows = -(-len(records) // cols)
-    fig, axes = plt.subplots(rows, cols, figsize=(4.9 * cols, 4.0 * rows), squeeze=False)
-    for ax in axes.flat[len(records):]:
-        ax.remove()
+    fig, axes = panel_grid(len(records), 4.9, 4.0)
     for ax, (name, record) in zip(axes.flat, records):
         rows = record["tables"].get("forward", [])
         for method in dict.fromkeys(r["method"] for r in rows):

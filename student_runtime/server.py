@@ -471,6 +471,7 @@ def _remove(path):
 
 
 TEMPLATE_FOLDER = "/tmp/template"  # the template's working folder in the sandbox (autograde.sandbox)
+FLOOD = "floods its audit report"  # what AuditLog records for a process that keeps its pipe full
 
 
 class AuditLog:
@@ -484,7 +485,6 @@ class AuditLog:
     # Bytes read per call: a process that keeps the pipe full (of anything, even empty lines)
     # must not keep the template reading, which would leave the grader's requests unanswered.
     BUDGET = 1 << 20
-    FLOOD = "floods its audit report"
 
     def __init__(self, fd):
         self.fd = fd
@@ -498,7 +498,7 @@ class AuditLog:
         taken = 0
         while self.fd is not None:
             if taken >= self.BUDGET:   # more is waiting: read on at the next call, and say so
-                self._add({"what": self.FLOOD, "detail": "", "cell": ""})
+                self._add({"what": FLOOD, "detail": "", "cell": ""})
                 return
             try:
                 chunk = os.read(self.fd, 65536)
@@ -524,7 +524,7 @@ class AuditLog:
         self.seq += 1
         key = (event["what"], event["detail"])
         if key not in self.entries and len(self.entries) >= self.DISTINCT:
-            key = (self.FLOOD, "")
+            key = (FLOOD, "")
             event = {"what": key[0], "detail": "", "cell": event["cell"]}
         entry = self.entries.setdefault(key, {**event, "count": 0})
         entry["count"] += 1
