@@ -8,7 +8,9 @@ one launch per kernel, as plain data (its source, the globals it reads, the
 launch's specialisation). Rebuilding a kernel from its source runs the student's
 code, so the compiling processes (coursekit.compile_worker, started by
 coursekit.compile_report) run as student code does, in a jail of their own
-(autograde.sandbox.jailed_python), never in the grader.
+(autograde.sandbox.jailed_python), never in the grader. What they report is
+not believed: coursekit.binary_report, in a process of the grader's that runs
+no student code, checks their PTX and makes and reads the binary.
 
 Kernels are compiled once per grading process: what compiled is kept on disk
 (COURSEKIT_COMPILE_CACHE, or a folder of this process) under the kernel's source

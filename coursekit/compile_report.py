@@ -20,7 +20,9 @@ or, for one launch given explicitly:
     compile_report(kernel, specialise(kernel, q, k, v, ..., BLOCK_M=64, num_warps=4))
 
 Compiling happens in separate processes (coursekit.compile_worker), which need
-only the Python installation and a writable temporary directory. Results are
+only the Python installation and a writable temporary directory; they hand
+over PTX, and what the binary holds is read in processes that run none of the
+kernel's code (coursekit.binary_report). Results are
 cached by kernel source and specialisation, in this process and, given a
 directory (argument or COURSEKIT_COMPILE_CACHE), on disk."""
 import contextlib
@@ -38,12 +40,13 @@ import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+from coursekit.binary_report import REFUSED
 from coursekit.compile_worker import backend_problem
 from coursekit.gpu_targets import TARGETS, occupancy
 from coursekit.kernel_source import _literal, describe, raw_function
 
 TARGET_NAMES = ("T4", "A100", "L4", "H100")
-REPORT_VERSION = 1          # bump when a record's fields change: old cache entries are then ignored
+REPORT_VERSION = 2          # bump when a record's fields, or how they are found, change: old cache entries are then ignored
 OPTION_NAMES = ("num_warps", "num_stages", "num_ctas", "maxnreg", "enable_fp_fusion", "launch_cooperative_grid",
                 "launch_pdl")
 DEFAULT_OPTIONS = {"num_warps": 4, "num_stages": 3}     # Triton's defaults for NVIDIA GPUs (CUDAOptions)
@@ -229,6 +232,11 @@ class TargetReport:
         """'HGMMA', 'HMMA', ... (the most frequent tensor-core instruction) or 'none'."""
         return max(self.mma, key=self.mma.get) if self.mma else "none"
 
+    def refused(self):
+        """Whether the compiling process said it made a kernel that coursekit.binary_report
+        found no sign of: only code run in that process to change its report does that."""
+        return not self.compiles and (self.error or "").startswith(REFUSED)
+
     def problem(self):
         """The error, or a resource the target lacks, in one line; None when fine."""
         if self.compiles is None:
@@ -363,27 +371,29 @@ def _disk_put(cache_dir, key, record):
 
 
 class _Worker:
-    """One compiling process, fed one job at a time. command(workdir), when given,
-    is the argv that starts it (e.g. inside a sandbox); by default this Python
-    runs coursekit.compile_worker from this tree."""
+    """One process serving JSON jobs one at a time: `module`'s main() (coursekit.compile_worker
+    or coursekit.binary_report). command(workdir), when given, is the argv that starts
+    it (e.g. inside a sandbox); by default this Python runs the module from this tree."""
 
-    _BOOT = ("import sys; sys.path.insert(0, {root!r}); "
-             "from coursekit.compile_worker import main; main()")
+    _BOOT = "import sys; sys.path.insert(0, {root!r}); from {module} import main; main()"
 
-    def __init__(self, workdir, command=None):
+    def __init__(self, workdir, command=None, module="coursekit.compile_worker"):
         self.workdir = workdir
         self.command = command
+        self.module = module
         self.proc = None
 
     def _start(self):
         env = dict(os.environ)
         env.pop("TRITON_INTERPRET", None)
+        env.pop("TRITON_DISABLE_LINE_INFO", None)       # the binary's check reads the PTX's line information
         env["TRITON_CACHE_DIR"] = os.path.join(self.workdir, "triton-cache")
         env["TRITON_HOME"] = self.workdir
         env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")     # Triton 3.9's default, stated to silence its warning
         root = str(Path(__file__).resolve().parent.parent)
         self.stderr = open(os.path.join(self.workdir, "worker-stderr.txt"), "w+")
-        argv = self.command(self.workdir) if self.command else [sys.executable, "-c", self._BOOT.format(root=root)]
+        argv = (self.command(self.workdir) if self.command
+                else [sys.executable, "-c", self._BOOT.format(root=root, module=self.module)])
         self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=self.stderr, text=True)
 
@@ -426,6 +436,34 @@ class _Worker:
             self.proc.wait()
         self.stderr.close()
         self.proc = None
+
+
+def _with_binary(record, payload, binaries, timeout):
+    """The compiling process's record (PTX, Triton's dynamic shared memory, IR texts)
+    completed by coursekit.binary_report: every fact about the binary, and whether
+    there is one, comes from a process that runs none of the kernel author's code."""
+    description = payload["kernel"]
+    root = description["functions"][description["root"]]
+    target = TARGETS[payload["target"]]
+    job = {"id": payload["id"], "target": payload["target"], "ptx": record.get("ptx"), "name": root["name"],
+           "arch": target.arch, "capability": target.capability, "options": payload["spec"]["options"],
+           "source": [root["filename"], root["firstlineno"],
+                      root["firstlineno"] + len(root["source"].splitlines()) - 1],
+           "sass": "sass" in payload["artefacts"]}
+    binary = binaries.run(job, timeout)
+    options = payload["spec"]["options"]
+    checked = {"target": target.name, "arch": target.arch, "num_warps": options.get("num_warps", 4),
+               "num_stages": options.get("num_stages", 3)}
+    seconds = sum(r.get("cpu_seconds") or 0 for r in (record, binary))
+    if not binary.get("compiles"):
+        return {**checked, "compiles": False, "error": binary.get("error"), "cpu_seconds": seconds}
+    dynamic = record.get("shared")
+    dynamic = dynamic if isinstance(dynamic, int) and dynamic >= 0 else 0     # advice only: no point rests on it
+    artefacts = {k: v for k, v in (record.get("artefacts") or {}).items() if k != "sass"}
+    if "sass" in binary:
+        artefacts["sass"] = binary.pop("sass")
+    return {**checked, **{k: v for k, v in binary.items() if k != "static_shared"},
+            "shared": dynamic + binary["static_shared"], "cpu_seconds": seconds, "artefacts": artefacts}
 
 
 def default_workers():
@@ -494,16 +532,20 @@ def compile_described(kernels, targets=TARGET_NAMES, artefacts=(), cache_dir=Non
             pool = queue.Queue()
             count = min(workers or default_workers(), len(jobs))
             for n in range(count):
-                os.makedirs(os.path.join(workdir, str(n)))
-                pool.put(_Worker(os.path.join(workdir, str(n)), command))
+                for kind in ("compile", "binary"):
+                    os.makedirs(os.path.join(workdir, str(n), kind))
+                pool.put((_Worker(os.path.join(workdir, str(n), "compile"), command),
+                          _Worker(os.path.join(workdir, str(n), "binary"), module="coursekit.binary_report")))
 
             def run(job):
                 slot, (key, disk_key), payload = job
-                worker = pool.get()
+                workers = pool.get()
                 try:
-                    record = worker.run(payload, timeout)
+                    record = workers[0].run(payload, timeout)
+                    if record.get("compiles"):
+                        record = _with_binary(record, payload, workers[1], timeout)
                 finally:
-                    pool.put(worker)
+                    pool.put(workers)
                 if record.get("compiles") is not None and "took longer" not in (record.get("error") or ""):
                     _MEMORY[key] = record
                     _disk_put(cache_dir, disk_key, record)
@@ -515,7 +557,8 @@ def compile_described(kernels, targets=TARGET_NAMES, artefacts=(), cache_dir=Non
                         records[slot] = record
             finally:
                 while not pool.empty():
-                    pool.get().close()
+                    for worker in pool.get():
+                        worker.close()
     fields = {f.name for f in dataclasses.fields(TargetReport)}
     return [tuple(TargetReport(**{k: v for k, v in records[i, t].items() if k in fields}) for t in targets)
             for i in range(len(kernels))]

@@ -1,19 +1,20 @@
 """The compiling process behind coursekit.compile_report: reads jobs (a kernel
 described by coursekit.kernel_source, one launch's specialisation, one target)
-as JSON lines on stdin and answers each with one JSON line: what Triton's
-compiler made of the kernel for that GPU, read from ptxas's report and from the
-binary with cuobjdump (both ship inside Triton's wheel).
+as JSON lines on stdin and answers each with one JSON line: the PTX Triton's
+compiler made of the kernel for that GPU, or the compiler's message and the
+kernel line it points at.
+
+Rebuilding and compiling a kernel runs its author's code, so nothing this
+process says about the binary is believed: coursekit.binary_report, in a process
+that runs no such code, assembles the PTX and reads the binary.
 
 It must run without Triton's interpreter (TRITON_INTERPRET unset), in a process
 of its own: coursekit.compile_report starts it so."""
-import collections
 import contextlib
 import io
 import json
 import os
-import re
 import resource
-import subprocess
 import sys
 import tempfile
 import traceback
@@ -21,9 +22,6 @@ import traceback
 from coursekit.gpu_targets import TARGETS
 from coursekit.kernel_source import _value, rebuild
 
-_OPCODE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
-_REG = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
-_SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _MESSAGE_LIMIT = 4000
 
 
@@ -44,26 +42,6 @@ def backend_problem():
     except RuntimeError as e:
         return f"Triton's NVIDIA back end lacks a tool it ships with ({e})"
     return None
-
-
-def sass_opcodes(sass):
-    """How many times each SASS instruction (opcode without modifiers) appears in a listing."""
-    return collections.Counter(m.group(1) for line in sass.splitlines() if (m := _OPCODE.match(line)))
-
-
-def tensor_core_instructions(opcodes):
-    """The matrix-multiply-accumulate instructions: HMMA (warp-level, sm_70 on), HGMMA
-    (warpgroup-level, sm_90), and their integer and 8-bit float relatives."""
-    return {op: n for op, n in sorted(opcodes.items()) if op.endswith("MMA")}
-
-
-def _spills(ptxas_log):
-    stack = stores = loads = 0
-    found = False
-    for m in _SPILLS.finditer(ptxas_log):
-        found = True
-        stack, stores, loads = max(stack, int(m.group(1))), stores + int(m.group(2)), loads + int(m.group(3))
-    return (stack, stores, loads) if found else None
 
 
 def _locate_dependency_errors():
@@ -144,23 +122,19 @@ def _stderr_to(path):
         os.close(saved)
 
 
-def _binary_report(cubin, name, workdir):
-    from triton import knobs
-
-    path = os.path.join(workdir, name + ".cubin")
-    with open(path, "wb") as f:
-        f.write(cubin)
-    tool = knobs.nvidia.cuobjdump.path
-    usage = subprocess.run([tool, "-res-usage", path], capture_output=True, text=True, check=True).stdout
-    sass = subprocess.run([tool, "-sass", path], capture_output=True, text=True, check=True).stdout
-    m = _REG.search(usage)
-    registers, stack, static_shared, local = (int(g) for g in m.groups()) if m else (None, None, 0, None)
-    return registers, stack, static_shared, local, sass
+def _without_binary(*args):
+    """Triton's stages hook: stop at PTX (the binary is made by coursekit.binary_report).
+    Triton calls it with no arguments for a cache key, then with the stages among them."""
+    if not args:
+        return "without-binary", "without-binary"
+    stages = next(a for a in args if isinstance(a, dict))
+    stages["cubin"] = lambda src, metadata: b""
+    return None
 
 
 def compile_job(job, workdir):
-    """One record: compiles or not (with the compiler's message), registers, spills,
-    shared memory, tensor-core instructions; the IR and SASS texts asked for."""
+    """One record: the PTX, the kernel's name and Triton's dynamic shared memory, or
+    the compiler's message; the IR texts asked for."""
     import triton
     from triton import knobs
     from triton.backends.compiler import GPUTarget
@@ -180,7 +154,8 @@ def compile_job(job, workdir):
     constexprs = {tuple(path): _value(value, {}) for path, value in spec["constexprs"]}
     attrs = {tuple(path): value for path, value in spec["attrs"]}
     log, stderr_path = io.StringIO(), os.path.join(workdir, "stderr.txt")
-    knobs.nvidia.dump_ptxas_log = True
+    if hasattr(knobs.runtime, "add_stages_inspection_hook"):     # older Triton makes the binary, unused
+        knobs.runtime.add_stages_inspection_hook = _without_binary
     _locate_dependency_errors()
     try:
         with contextlib.redirect_stdout(log), _stderr_to(stderr_path):
@@ -195,24 +170,16 @@ def compile_job(job, workdir):
             text = diagnostics[-_MESSAGE_LIMIT // 2:] + "\n" + text
         record["error"] = f"{type(e).__name__}: {text}"[:_MESSAGE_LIMIT]
         return record
-    registers, stack, static_shared, local, sass = _binary_report(compiled.asm["cubin"], compiled.name, workdir)
-    spills = _spills(log.getvalue())
-    opcodes = sass_opcodes(sass)
-    record.update(compiles=True, registers=registers, stack=stack, local=local,
-                  shared=compiled.metadata.shared + static_shared,
-                  spill_stores=spills[1] if spills else None, spill_loads=spills[2] if spills else None,
-                  local_stores=opcodes.get("STL", 0), local_loads=opcodes.get("LDL", 0),
-                  mma=tensor_core_instructions(opcodes))
+    record.update(compiles=True, name=compiled.name, ptx=compiled.asm["ptx"], shared=compiled.metadata.shared)
     wanted = set(job.get("artefacts", ()))
     if wanted:
         texts = {k: v for k, v in compiled.asm.items() if isinstance(v, str)}
-        texts["sass"] = sass
         record["artefacts"] = {k: texts[k] for k in wanted if k in texts}
     return record
 
 
 def _cpu_seconds():
-    """CPU time of this process and of the tools it ran (ptxas, cuobjdump)."""
+    """CPU time of this process and of the tools it ran."""
     own, tools = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
     return own.ru_utime + own.ru_stime + tools.ru_utime + tools.ru_stime
 

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from coursekit import compile_report as cr
-from coursekit.compile_worker import backend_problem, sass_opcodes, tensor_core_instructions
+from coursekit.binary_report import sass_opcodes, tensor_core_instructions
+from coursekit.compile_worker import backend_problem
 from coursekit.gpu_targets import TARGETS, occupancy
 from coursekit.triton_env import triton_device
 

@@ -318,6 +318,7 @@ CHANGED_INPUTS = (1, 2)
 # libraries patched under the replay.
 FOLLOW_SIGHTING = "results computed outside the Triton kernels"
 CHANGED_SIGHTING = "patches the libraries that run the kernels"
+COMPILE_SIGHTING = "its kernel's compiling process reported what the compiler did not make"
 FOLLOW_HINT = ("The grader ran your launcher's kernels again on keys and values with some signs changed; what "
                "your kernels compute follows such a change, anything computed outside them (on the host, by NumPy "
                "or PyTorch, from the inputs or from a copy a kernel made of them) does not. Compute the results "
@@ -557,6 +558,10 @@ def _check_compiles(launcher, calls, what, computes):
             if target.compiles is None:
                 advice.append(f"{kernel['kernel']}: {target.problem()}")
             elif not target.compiles:
+                if target.refused():
+                    note_sighting(launcher, COMPILE_SIGHTING, f"{kernel['kernel']} on {target.target}: {target.error}")
+                    raise GradingFailure(f"{what}: the process that compiled its kernel {kernel['kernel']} for an "
+                                         f"{target.target} reported a kernel the compiler did not make ({target.error}).")
                 where = target.where
                 at = f" (in {where['function']}, line {where['line']} of its cell: {where['text']})" if where else ""
                 message = where["message"] if where else (target.error or "").strip().splitlines()[-1]
