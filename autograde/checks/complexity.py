@@ -420,7 +420,9 @@ def check_causal_linear_memory(causal_linear_attention):
 def check_causal_linear_chunked(causal_linear_attention):
     """The chunk is used: the tokens of a chunk meet in a chunk x chunk causal
     block, so the peak memory grows with the chunk. Token by token (the
-    chapter's recurrence, or running sums) or as one n x n matrix, it does not."""
+    chapter's recurrence, or running sums) or as one n x n matrix, it does not.
+    And one state (Gamma, z) is carried from chunk to chunk: running sums of every
+    token (cumsum) take n x d_k x d_v values, which shows once d_k and d_v are wide."""
     rng = _rng(7)
     n, small, large = 2048, 8, 1024
     q, k, v = rng.normal(size=(n, 8)), rng.normal(size=(n, 8)), rng.normal(size=(n, 4))
@@ -439,4 +441,21 @@ def check_causal_linear_chunked(causal_linear_attention):
             f"block ({block / 2**20:.0f} MiB) was ever built. Process the tokens chunk by chunk as the exercise asks: "
             "within a chunk through a causal block of the chunk's size, and through the carried state (S, z) for the "
             "earlier chunks; not one token at a time, and not as one n x n matrix.")
+    _check_one_state(causal_linear_attention, rng)
     _causal_numpy_only(causal_linear_attention, rng)
+
+
+def _check_one_state(causal_linear_attention, rng):
+    """A quarter of n x d_k x d_v float64 values (16 MiB) against the 4 MiB or so of a chunked
+    computation (inputs' phi, the output, one chunk's blocks): four times apart both ways."""
+    n, d, chunk = 2048, 64, 64
+    q, k, v = (rng.normal(size=(n, d)) for _ in range(3))
+    what = f"causal_linear_attention for n={n}, d_k = d_v = {d}, chunk={chunk}"
+    found, peak = traced_peak(call, causal_linear_attention, q, k, v, chunk, what=what)
+    expect_close(found, ref.causal_linear_attention(q, k, v, chunk), what=what, hint=CAUSAL_HINT)
+    states = n * d * d * 8
+    if peak >= states // 4:
+        raise GradingFailure(
+            f"{what}: the peak memory was {peak / 2**20:.1f} MiB, as much as a quarter of one state per token "
+            f"(n x d_k x d_v float64 values, {states / 2**20:.0f} MiB), as running sums of every token take. Carry "
+            "one state (Gamma, z) from chunk to chunk, and add each chunk's keys and values to it after the chunk.")

@@ -543,6 +543,18 @@ def causal_linear_attention(q, k, v, chunk):
     return np.einsum("...nd,...nde->...ne", fq, S) / np.einsum("...nd,...nd->...n", fq, z)[..., None]
 '''
 
+# Running sums of every token, with a chunk x chunk block built for show: the block's memory
+# grows with the chunk as a chunked computation's does, the n x d_k x d_v sums give it away.
+CAUSAL_CUMSUM_UNUSED_BLOCK = '''
+def causal_linear_attention(q, k, v, chunk):
+    c = max(1, min(chunk, q.shape[-2]))
+    block = np.tril(np.ones((c, c)))                 # never used
+    fq, fk = (np.where(a > 0, a + 1.0, np.exp(np.minimum(a, 0.0))) for a in (q, k))
+    S = np.cumsum(fk[..., :, :, None] * v[..., :, None, :], axis=-3)
+    z = np.cumsum(fk, axis=-2)
+    return np.einsum("...nd,...nde->...ne", fq, S) / np.einsum("...nd,...nd->...n", fq, z)[..., None]
+'''
+
 CAUSAL_TORCH_CHUNKS = '''
 def causal_linear_attention(q, k, v, chunk):
     fq, fk = (F.elu(torch.from_numpy(a)) + 1 for a in (q, k))
@@ -671,6 +683,8 @@ BUGGY = {
                               {"test_causal_linear_attention", "test_causal_chunked"}),
     "causal_running_sums": ({"causal_linear_attention": CAUSAL_CUMSUM},
                             {"test_causal_linear_attention", "test_causal_chunked"}),
+    "causal_running_sums_beside_an_unused_block": ({"causal_linear_attention": CAUSAL_CUMSUM_UNUSED_BLOCK},
+                                                   {"test_causal_linear_attention", "test_causal_chunked"}),
     # The memory tests' chunks divide their lengths, so only the output tests see the missing tail.
     "causal_last_chunk_dropped": ({"causal_linear_attention": CAUSAL_LAST_CHUNK_DROPPED},
                                   CAUSAL_CELLS - {"test_causal_memory", "test_causal_chunked"}),
