@@ -33,6 +33,7 @@ import json
 import os
 import queue
 import select
+import signal
 import subprocess
 import sys
 import tempfile
@@ -394,8 +395,9 @@ class _Worker:
         self.stderr = open(os.path.join(self.workdir, "worker-stderr.txt"), "w+")
         argv = (self.command(self.workdir) if self.command
                 else [sys.executable, "-c", self._BOOT.format(root=root, module=self.module)])
+        # a session of its own, so that stopping it also stops the ptxas it started
         self.proc = subprocess.Popen(argv, cwd=self.workdir, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.stderr, text=True)
+                                     stderr=self.stderr, text=True, start_new_session=True)
 
     def run(self, job, timeout):
         if self.proc is None or self.proc.poll() is not None:
@@ -421,18 +423,23 @@ class _Worker:
                 "error": f"the compiler process stopped (exit code {code}) while compiling for {job['target']}"
                          + (f":\n{tail}" if tail.strip() else "")}
 
+    def _kill(self):
+        with contextlib.suppress(OSError):
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.kill()
+
     def close(self, kill=False):
         if self.proc is None:
             return
         if kill:
-            self.proc.kill()
+            self._kill()
         else:
             with contextlib.suppress(OSError):
                 self.proc.stdin.close()
         with contextlib.suppress(subprocess.TimeoutExpired):
             self.proc.wait(timeout=30)
         if self.proc.poll() is None:
-            self.proc.kill()
+            self._kill()
             self.proc.wait()
         self.stderr.close()
         self.proc = None

@@ -399,3 +399,23 @@ def test_a_compile_that_takes_too_long_is_stopped_and_said_so():
     spec = cr.specialise(add_kernel, x, x, x, 64, BLOCK=128, num_warps=1)
     report = cr.compile_report(add_kernel, spec, targets=("A100",), timeout=0.01)
     assert report["A100"].compiles is False and "took longer than 0 s" in report["A100"].error
+
+
+def test_a_stopped_compiling_process_takes_its_children_with_it(tmp_path):
+    """ptxas, started by a process that is stopped for taking too long, is stopped too."""
+    import pathlib
+    import sys
+    import time
+
+    hang = ("import subprocess, sys, time; p = subprocess.Popen(['sleep', '300']); "
+            "open('child.pid', 'w').write(str(p.pid)); sys.stdin.readline(); time.sleep(300)")
+    worker = cr._Worker(str(tmp_path), command=lambda workdir: [sys.executable, "-c", hang])
+    record = worker.run({"id": 1, "target": "A100"}, timeout=3)
+    assert record["compiles"] is False and "took longer than 3 s" in record["error"]
+    child = pathlib.Path(f"/proc/{(tmp_path / 'child.pid').read_text()}/stat")
+    for _ in range(50):             # gone, or a zombie waiting for its new parent to reap it
+        if not child.exists() or child.read_text().split(") ")[1].startswith("Z"):
+            break
+        time.sleep(0.1)
+    else:
+        raise AssertionError("the compiling process's child outlived it")
