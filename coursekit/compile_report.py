@@ -362,7 +362,7 @@ def _disk_get(cache_dir, key):
 
 
 def _disk_put(cache_dir, key, record):
-    if cache_dir is None or not record.get("compiles"):     # failures are quick to reproduce: not kept
+    if cache_dir is None:
         return
     path = Path(cache_dir)
     path.mkdir(parents=True, exist_ok=True)
@@ -410,7 +410,14 @@ class _Worker:
         except (BrokenPipeError, OSError):
             line = ""
         if line:
-            return json.loads(line)["record"]
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                answer = None
+            if isinstance(answer, dict) and answer.get("id") == job["id"] and isinstance(answer.get("record"), dict):
+                return answer["record"]
+            return {"target": job["target"], "compiles": False,
+                    "error": f"{REFUSED}: the process answered something that is not a report for this job"}
         if line is None:
             self.close(kill=True)
             return {"target": job["target"], "compiles": False,
@@ -445,6 +452,28 @@ class _Worker:
         self.proc = None
 
 
+def _checked_fields(payload):
+    target, options = TARGETS[payload["target"]], payload["spec"]["options"]
+    return {"target": target.name, "arch": target.arch, "num_warps": options.get("num_warps", 4),
+            "num_stages": options.get("num_stages", 3)}
+
+
+def _seconds(*records):
+    return round(sum(r.get("cpu_seconds") for r in records if isinstance(r.get("cpu_seconds"), (int, float))), 2)
+
+
+def _failure(record, payload):
+    """A compiling process's refusal, kept to the fields (and types) a report has."""
+    where = record.get("where")
+    keys = {"file": str, "line": int, "function": str, "text": str, "message": str}
+    if not (isinstance(where, dict) and all(isinstance(where.get(k), t) for k, t in keys.items())):
+        where = None
+    error = record.get("error")
+    return {**_checked_fields(payload), "compiles": None if record.get("compiles") is None else False,
+            "error": error if isinstance(error, str) else "the compiler gave no message", "where": where,
+            "cpu_seconds": _seconds(record)}
+
+
 def _with_binary(record, payload, binaries, timeout):
     """The compiling process's record (PTX, Triton's dynamic shared memory, IR texts)
     completed by coursekit.binary_report: every fact about the binary, and whether
@@ -458,15 +487,13 @@ def _with_binary(record, payload, binaries, timeout):
                       root["firstlineno"] + len(root["source"].splitlines()) - 1],
            "sass": "sass" in payload["artefacts"]}
     binary = binaries.run(job, timeout)
-    options = payload["spec"]["options"]
-    checked = {"target": target.name, "arch": target.arch, "num_warps": options.get("num_warps", 4),
-               "num_stages": options.get("num_stages", 3)}
-    seconds = sum(r.get("cpu_seconds") or 0 for r in (record, binary))
+    checked, seconds = _checked_fields(payload), _seconds(record, binary)
     if not binary.get("compiles"):
         return {**checked, "compiles": False, "error": binary.get("error"), "cpu_seconds": seconds}
     dynamic = record.get("shared")
     dynamic = dynamic if isinstance(dynamic, int) and dynamic >= 0 else 0     # advice only: no point rests on it
-    artefacts = {k: v for k, v in (record.get("artefacts") or {}).items() if k != "sass"}
+    artefacts = record.get("artefacts") if isinstance(record.get("artefacts"), dict) else {}
+    artefacts = {k: v for k, v in artefacts.items() if k in payload["artefacts"] and k != "sass" and isinstance(v, str)}
     if "sass" in binary:
         artefacts["sass"] = binary.pop("sass")
     return {**checked, **{k: v for k, v in binary.items() if k != "static_shared"},
@@ -549,11 +576,13 @@ def compile_described(kernels, targets=TARGET_NAMES, artefacts=(), cache_dir=Non
                 workers = pool.get()
                 try:
                     record = workers[0].run(payload, timeout)
-                    if record.get("compiles"):
-                        record = _with_binary(record, payload, workers[1], timeout)
+                    record = (_with_binary(record, payload, workers[1], timeout) if record.get("compiles")
+                              else _failure(record, payload))
                 finally:
                     pool.put(workers)
-                if record.get("compiles") is not None and "took longer" not in (record.get("error") or ""):
+                # Only binaries are kept: whether a kernel failed is said by the process that ran its
+                # author's code, which may have been told to say so of another author's identical kernel.
+                if record.get("compiles"):
                     _MEMORY[key] = record
                     _disk_put(cache_dir, disk_key, record)
                 return slot, record

@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from coursekit import compile_report as cr
-from coursekit.binary_report import ptx_problem
+from coursekit.binary_report import REFUSED, ptx_problem
 from coursekit.compile_worker import backend_problem
 from coursekit.gpu_targets import TARGETS
 
@@ -31,6 +31,7 @@ def test_a_compiling_process_that_lies_gets_no_binary(monkeypatch):
     from tests import planted_kernels as pk
 
     monkeypatch.setattr(cr, "_MEMORY", {})
+    monkeypatch.delenv(cr.CACHE_ENV, raising=False)
     report = cr.compile_report(pk.lying_kernel, _spec(pk.lying_kernel), targets=("A100", "H100"))
     for t in report.targets:
         assert t.compiles is False and t.registers is None and t.mma == {}
@@ -113,3 +114,28 @@ def test_the_binary_is_the_one_tritons_own_pipeline_makes(target, tmp_path):
                            text=True, cwd=tmp_path, env=env, check=True).stdout
     registers = int(re.search(r"REG:(\d+)", usage).group(1))
     assert report.compiles and report.registers == registers and report.registers > 32
+
+
+def test_what_a_lying_process_says_of_other_kernels_is_not_kept(monkeypatch):
+    """The lie lasts for the rest of its process: a correct kernel compiled after it there is
+    refused, and that refusal is not what the next compile of the same kernel gets."""
+    from tests import planted_kernels as pk
+
+    monkeypatch.setattr(cr, "_MEMORY", {})
+    monkeypatch.delenv(cr.CACHE_ENV, raising=False)        # compiled here, not found on disk
+    launches = [cr.Launch(pk.lying_kernel, _spec(pk.lying_kernel)),
+                cr.Launch(pk.correct_exp_kernel, _spec(pk.correct_exp_kernel))]
+    lied_to = cr.compile_reports(launches, targets=("A100",), workers=1)[1]["A100"]
+    assert lied_to.refused()
+    assert cr.compile_report(pk.correct_exp_kernel, _spec(pk.correct_exp_kernel), targets=("A100",)).compiles
+
+
+def test_a_report_that_is_not_one_is_refused(tmp_path):
+    import sys
+
+    for answer in ("not json", '{"id": "another job", "record": {"compiles": true}}', '{"id": 1, "record": 3}'):
+        talk = f"import sys; sys.stdin.readline(); print({answer!r}, flush=True); sys.stdin.readline()"
+        worker = cr._Worker(str(tmp_path), command=lambda workdir: [sys.executable, "-c", talk])
+        record = worker.run({"id": 1, "target": "A100"}, timeout=30)
+        worker.close()
+        assert record["compiles"] is False and record["error"].startswith(REFUSED)
