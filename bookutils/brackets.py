@@ -19,8 +19,9 @@ from bookutils.tiny_transformer import IGNORE
 
 OPEN, CLOSE = "([{", ")]}"
 MASK = 127                 # the character code that hides a closing bracket
-OTHER = 0                  # every character outside printable ASCII and newline
+OTHER = 0                  # every character outside KEPT
 VOCAB = 128
+KEPT = "\n" + "".join(chr(c) for c in range(32, 127))    # newline and printable ASCII keep their codes
 
 # Modules for training and modules the model never sees, for testing.
 TRAIN_MODULES = ["argparse", "inspect", "dataclasses", "functools", "collections", "ast", "statistics",
@@ -49,10 +50,13 @@ def bracket_pairs(text):
     return pairs
 
 
+_KEPT = frozenset(KEPT)
+
+
 def encode(text):
     """(character codes with the closers masked, bracket type of each closer or -1,
     position of each closer's opener or -1), one entry per character."""
-    codes = np.array([ord(c) if 32 <= ord(c) < 127 or c == "\n" else OTHER for c in text], dtype=np.int64)
+    codes = np.array([ord(c) if c in _KEPT else OTHER for c in text], dtype=np.int64)
     kind = np.full(len(text), -1)
     opener = np.full(len(text), -1)
     for close, open_ in bracket_pairs(text).items():

@@ -9,10 +9,10 @@ letter with an accent), which stands first."""
 import numpy as np
 import torch
 
-from bookutils.brackets import module_source
+from bookutils.brackets import KEPT, module_source
 
 OTHER = "\ufffd"                                               # shown for every character outside the alphabet
-ALPHABET = OTHER + "\n" + "".join(chr(c) for c in range(32, 127))
+ALPHABET = OTHER + KEPT
 _INDEX = {c: i for i, c in enumerate(ALPHABET)}
 
 
