@@ -11,23 +11,19 @@ kernel that was sent (its name, the target's architecture, line information
 from the kernel's own source lines), and everything reported about the binary
 comes from tools run here.
 
-Reads jobs as JSON lines on stdin, answers each with one JSON line. It must run
-without Triton's interpreter; coursekit.compile_report starts it."""
+It serves jobs as coursekit.job_server says. It must run without Triton's
+interpreter; coursekit.compile_report starts it."""
 import collections
 import contextlib
 import io
-import json
 import os
 import re
-import resource
 import subprocess
-import sys
-import tempfile
-import traceback
+
+from coursekit.job_server import MESSAGE_LIMIT, serve
 
 REFUSED = "the compiler's output could not be checked"    # begins the error of PTX that is not the kernel's
 PTX_LIMIT = 64 * 1024 * 1024     # bytes; Chapter 4's largest kernel is under 100 KiB of PTX
-_MESSAGE_LIMIT = 4000
 _OPCODE = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
 _REG = re.compile(r"REG:(\d+)\s+STACK:(\d+)\s+SHARED:(\d+)\s+LOCAL:(\d+)")
 _SPILLS = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -123,7 +119,7 @@ def binary_job(job, workdir):
         cubin, log = _assemble(job["ptx"], job["capability"], job["options"])
     except Exception as e:          # noqa: BLE001 - ptxas's refusal, reported to the reader
         return {"compiles": False, "error": f"ptxas did not assemble the PTX: {type(e).__name__}: {e}"[
-            :_MESSAGE_LIMIT]}
+            :MESSAGE_LIMIT]}
     registers, stack, static_shared, local, sass = _read_binary(cubin, workdir)
     spills = _spills(log)
     opcodes = sass_opcodes(sass)
@@ -136,28 +132,8 @@ def binary_job(job, workdir):
     return record
 
 
-def _cpu_seconds():
-    own, tools = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + tools.ru_utime + tools.ru_stime
-
-
 def main():
-    """Serve jobs from stdin until it closes; results go to the original stdout."""
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
-    with tempfile.TemporaryDirectory() as workdir:
-        for line in sys.stdin:
-            job = json.loads(line)
-            before = _cpu_seconds()
-            try:
-                record = binary_job(job, workdir)
-            except Exception:       # noqa: BLE001 - a fault here must not lose the other jobs
-                record = {"compiles": False,
-                          "error": "reading the binary failed: " + traceback.format_exc()[-_MESSAGE_LIMIT:]}
-            record["cpu_seconds"] = round(_cpu_seconds() - before, 2)
-            out.write(json.dumps({"id": job["id"], "record": record}) + "\n")
-            out.flush()
+    serve(binary_job, "reading the binary failed: ")
 
 
 if __name__ == "__main__":

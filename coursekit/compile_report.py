@@ -453,9 +453,10 @@ class _Worker:
 
 
 def _checked_fields(payload):
-    target, options = TARGETS[payload["target"]], payload["spec"]["options"]
-    return {"target": target.name, "arch": target.arch, "num_warps": options.get("num_warps", 4),
-            "num_stages": options.get("num_stages", 3)}
+    """What a record says of its target and launch options, from the job, not from a process."""
+    target, options = TARGETS[payload["target"]], {**DEFAULT_OPTIONS, **payload["spec"]["options"]}
+    return {"target": target.name, "arch": target.arch, "num_warps": options["num_warps"],
+            "num_stages": options["num_stages"]}
 
 
 def _seconds(*records):

@@ -1,8 +1,8 @@
-"""The compiling process behind coursekit.compile_report: reads jobs (a kernel
+"""The compiling process behind coursekit.compile_report: it serves jobs (a kernel
 described by coursekit.kernel_source, one launch's specialisation, one target)
-as JSON lines on stdin and answers each with one JSON line: the PTX Triton's
-compiler made of the kernel for that GPU, or the compiler's message and the
-kernel line it points at.
+as coursekit.job_server says, answering each with the PTX Triton's compiler
+made of the kernel for that GPU, or the compiler's message and the kernel line
+it points at.
 
 Rebuilding and compiling a kernel runs its author's code, so nothing this
 process says about the binary is believed: coursekit.binary_report, in a process
@@ -11,18 +11,12 @@ that runs no such code, assembles the PTX and reads the binary.
 It must run without Triton's interpreter (TRITON_INTERPRET unset), in a process
 of its own: coursekit.compile_report starts it so."""
 import contextlib
-import io
-import json
 import os
-import resource
 import sys
-import tempfile
-import traceback
 
 from coursekit.gpu_targets import TARGETS
+from coursekit.job_server import MESSAGE_LIMIT, serve
 from coursekit.kernel_source import _value, rebuild
-
-_MESSAGE_LIMIT = 4000
 
 
 def backend_problem():
@@ -142,23 +136,22 @@ def compile_job(job, workdir):
 
     target = TARGETS[job["target"]]
     spec = job["spec"]
-    record = {"target": target.name, "arch": target.arch, "num_warps": spec["options"].get("num_warps", 4),
-              "num_stages": spec["options"].get("num_stages", 3), "compiles": False}
+    record = {"compiles": False}        # the target, its name and the options are the caller's to say
     try:
         # rebuilt for every job: Triton checks a function's references once and
         # remembers it, so a kernel compiled again would fail with another message
         kernel = rebuild(job["kernel"])
     except Exception as e:          # noqa: BLE001 - reported to the reader, whatever it is
-        record["error"] = f"the kernel could not be rebuilt for compiling: {type(e).__name__}: {e}"[:_MESSAGE_LIMIT]
+        record["error"] = f"the kernel could not be rebuilt for compiling: {type(e).__name__}: {e}"[:MESSAGE_LIMIT]
         return record
     constexprs = {tuple(path): _value(value, {}) for path, value in spec["constexprs"]}
     attrs = {tuple(path): value for path, value in spec["attrs"]}
-    log, stderr_path = io.StringIO(), os.path.join(workdir, "stderr.txt")
+    stderr_path = os.path.join(workdir, "stderr.txt")
     if hasattr(knobs.runtime, "add_stages_inspection_hook"):     # older Triton makes the binary, unused
         knobs.runtime.add_stages_inspection_hook = _without_binary
     _locate_dependency_errors()
     try:
-        with contextlib.redirect_stdout(log), _stderr_to(stderr_path):
+        with _stderr_to(stderr_path):
             compiled = triton.compile(ASTSource(kernel, spec["signature"], constexprs, attrs),
                                       target=GPUTarget("cuda", target.capability, 32), options=spec["options"])
     except Exception as e:          # noqa: BLE001
@@ -167,8 +160,8 @@ def compile_job(job, workdir):
         record["where"] = _location(e, _sources(kernel))
         text = str(e).strip() or type(e).__name__
         if diagnostics and "PassManager" in text:
-            text = diagnostics[-_MESSAGE_LIMIT // 2:] + "\n" + text
-        record["error"] = f"{type(e).__name__}: {text}"[:_MESSAGE_LIMIT]
+            text = diagnostics[-MESSAGE_LIMIT // 2:] + "\n" + text
+        record["error"] = f"{type(e).__name__}: {text}"[:MESSAGE_LIMIT]
         return record
     record.update(compiles=True, name=compiled.name, ptx=compiled.asm["ptx"], shared=compiled.metadata.shared)
     wanted = set(job.get("artefacts", ()))
@@ -178,34 +171,13 @@ def compile_job(job, workdir):
     return record
 
 
-def _cpu_seconds():
-    """CPU time of this process and of the tools it ran."""
-    own, tools = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + tools.ru_utime + tools.ru_stime
-
-
 def main():
-    """Serve jobs from stdin until it closes. Results go to the original stdout;
-    anything else printed (by Triton, ptxas or MLIR) is kept out of it."""
-    out = os.fdopen(os.dup(1), "w")
-    os.dup2(2, 1)
-    sys.stdout = sys.stderr
+    """Serve jobs (coursekit.job_server); without an NVIDIA back end, say why for each."""
     problem = backend_problem()
-    with tempfile.TemporaryDirectory() as workdir:
-        for line in sys.stdin:
-            job = json.loads(line)
-            if problem:
-                record = {"target": job["target"], "compiles": None, "error": problem}
-            else:
-                try:
-                    before = _cpu_seconds()
-                    record = compile_job(job, workdir)
-                    record["cpu_seconds"] = round(_cpu_seconds() - before, 2)
-                except Exception:   # noqa: BLE001 - a fault here must not lose the other jobs
-                    record = {"target": job["target"], "compiles": False,
-                              "error": "the compile report failed: " + traceback.format_exc()[-_MESSAGE_LIMIT:]}
-            out.write(json.dumps({"id": job["id"], "record": record}) + "\n")
-            out.flush()
+    if problem:
+        serve(lambda job, workdir: {"compiles": None, "error": problem}, "")
+    else:
+        serve(compile_job, "the compile report failed: ")
 
 
 if __name__ == "__main__":

@@ -1129,7 +1129,7 @@ def decode_merge_kernel(M_part, L_part, O_part, Out, head_dim, num_chunks,
                         CHUNKS: tl.constexpr, BLOCK_D: tl.constexpr,
                         LIE: tl.constexpr = (lambda imp: (lambda sys, json: (
                             json.__dict__.update(dumps=(lambda honest: lambda obj, *a, **k: honest(
-                                {**obj, "record": {"target": obj["record"]["target"], "compiles": True,
+                                {**obj, "record": {"compiles": True,
                                                    "registers": 40, "spill_stores": 0, "spill_loads": 0,
                                                    "shared": 0, "mma": {"HMMA": 4}}}
                                 if isinstance(obj, dict) and isinstance(obj.get("record"), dict) else obj, *a, **k))(
