@@ -35,7 +35,7 @@ def memory_hierarchy(levels, off_chip):
     """One bar per level, fastest at the top, its length the logarithm of the
     capacity `size` in bytes. `levels`: list of (name, where, size, size text,
     bandwidth text); levels from index `off_chip` on are off the GPU's die."""
-    fig, ax = plt.subplots(figsize=(9.4, 3.9))
+    fig, ax = plt.subplots(figsize=(7.4, 3.9))
     sizes = np.array([level[2] for level in levels], dtype=float)
     lo, hi = np.log10(sizes.min()) - 1.0, np.log10(sizes.max())
     for row, (name, where, size, size_text, bandwidth) in enumerate(levels):
@@ -96,7 +96,7 @@ def tile_dataflow(blocks=4, i=1, j=2):
     """Where the data of one program of the forward kernel lives: Q_i loaded
     once, K_j and V_j streamed, S_ij and its exponentials P~_ij only on the chip,
     O_i written once."""
-    fig, ax = plt.subplots(figsize=(9.4, 4.5))
+    fig, ax = plt.subplots(figsize=(7.4, 3.6))
     _blank(ax, 18.4, 8.8)
     _box(ax, 0.2, 0.3, 6.0, 8.1, fill="0.95", edge="0.4")
     ax.text(3.2, 8.0, "HBM: slow, large", ha="center", fontsize=11, weight="bold")
@@ -109,7 +109,7 @@ def tile_dataflow(blocks=4, i=1, j=2):
         for b in range(blocks):
             _box(ax, 0.7 + b * width, y, width, 1.0, f"{name}{b}", fill=colour, alpha=0.75 if b == mine else 0.15,
                  size=9, edge="0.5")
-    ax.text(3.2, 2.55, "no N × N matrix is ever stored here", ha="center", fontsize=9, color="0.3")
+    ax.text(3.2, 2.45, "no N × N matrix\nis ever stored here", ha="center", va="center", fontsize=9, color="0.3")
     _box(ax, 9.0, 6.4, 2.6, 1.2, f"$Q_{{{i}}}$\n$B_r \\times d$", fill=BLUE, alpha=0.6, size=9)
     _box(ax, 9.0, 4.8, 2.6, 1.2, f"$K_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
     _box(ax, 9.0, 3.1, 2.6, 1.2, f"$V_{{{j}}}$\n$B_c \\times d$", fill=ORANGE, alpha=0.6, size=9)
@@ -118,7 +118,7 @@ def tile_dataflow(blocks=4, i=1, j=2):
          fill="#f3d9f0", edge=PURPLE, size=9)
     _box(ax, 12.6, 2.4, 5.2, 1.9, "$m$, $l$ ($B_r$ numbers each)\nacc ($B_r \\times d$)\nupdated for every key block",
          fill="#e6f2e6", edge=GREEN, size=9)
-    _box(ax, 9.0, 0.8, 2.6, 1.4, f"$O_{{{i}}}$ = acc / $l$\nafter the last block", fill="#e6f2e6", edge=GREEN, size=8.5)
+    _box(ax, 9.0, 0.8, 2.6, 1.4, f"$O_{{{i}}}$ = acc / $l$\nafter the\nlast block", fill="#e6f2e6", edge=GREEN, size=8)
     _arrow(ax, (5.9, 7.1), (9.0, 7.0), BLUE, "once", size=9)
     _arrow(ax, (5.9, 5.4), (9.0, 5.4), ORANGE, "each step", size=8.5)
     _arrow(ax, (5.9, 3.7), (9.0, 3.7), ORANGE, "each step", size=8.5)
@@ -135,21 +135,21 @@ def tile_dataflow(blocks=4, i=1, j=2):
 def warp_partitioning(warps=4):
     """Inside one program: the key block cut between warps (split-K, the first
     FlashAttention) or the query block (split-Q, FlashAttention-2)."""
-    fig, axes = plt.subplots(1, 2, figsize=(10, 4.2))
+    fig, axes = plt.subplots(1, 2, figsize=(7.4, 3.4))
     colours = [BLUE, ORANGE, GREEN, PURPLE]
     for ax, split in zip(axes, ("K", "Q")):
-        _blank(ax, 10, 8.6)
+        _blank(ax, 10.6, 8.6)
         # Q_i (rows) on the left, K_j^T across the top, the S tile in the middle
         _box(ax, 0.3, 0.8, 1.4, 5.2, "", fill="0.92")
         _box(ax, 2.2, 6.4, 5.2, 1.2, "", fill="0.92")
         for w in range(warps):
             colour = colours[w % len(colours)]
             if split == "Q":
-                _box(ax, 0.3, 0.8 + (warps - 1 - w) * 1.3, 1.4, 1.3, f"warp {w}", fill=colour, alpha=0.45, size=8)
-                _box(ax, 2.2, 0.8 + (warps - 1 - w) * 1.3, 5.2, 1.3, f"rows of warp {w}: S, P, O rows", fill=colour,
-                     alpha=0.25, size=8)
+                _box(ax, 0.3, 0.8 + (warps - 1 - w) * 1.3, 1.4, 1.3, f"warp {w}", fill=colour, alpha=0.45, size=7.5)
+                _box(ax, 2.2, 0.8 + (warps - 1 - w) * 1.3, 5.2, 1.3, f"warp {w}'s rows of S, P, O", fill=colour,
+                     alpha=0.25, size=7.5)
             else:
-                _box(ax, 2.2 + w * 1.3, 6.4, 1.3, 1.2, f"warp {w}", fill=colour, alpha=0.45, size=8)
+                _box(ax, 2.2 + w * 1.3, 6.4, 1.3, 1.2, f"warp {w}", fill=colour, alpha=0.45, size=7.5)
                 _box(ax, 2.2 + w * 1.3, 0.8, 1.3, 5.2, f"cols\nof\nwarp\n{w}", fill=colour, alpha=0.25, size=8)
         ax.text(0.3 if split == "K" else 1.0, 0.45, "$Q_i$" + (": all warps" if split == "K" else ""),
                 ha="left" if split == "K" else "center",
@@ -158,12 +158,12 @@ def warp_partitioning(warps=4):
         if split == "Q":
             ax.set_title("split-Q (FlashAttention-2): each warp owns\nsome query rows and sees all of $K_j$, $V_j$",
                          fontsize=10)
-            _box(ax, 7.8, 0.8, 2.0, 5.2, "each warp\nfinishes\nits own\noutput rows:\nno exchange", fill="#e6f2e6",
-                 edge=GREEN, size=8.5)
+            _box(ax, 7.8, 0.8, 2.6, 5.2, "each warp\nfinishes\nits own\noutput rows:\nno exchange", fill="#e6f2e6",
+                 edge=GREEN, size=8)
         else:
             ax.set_title("split-K (first FlashAttention): each warp owns\nsome keys; every warp needs all of $Q_i$",
                          fontsize=10)
-            _box(ax, 7.8, 0.8, 2.0, 5.2, "each warp\nholds a partial\n$O$ ($B_r \\times d$):\nwritten to\nshared memory,\nsynchronised,\nadded",
+            _box(ax, 7.8, 0.8, 2.6, 5.2, "each warp\nholds a partial\n$O$ ($B_r \\times d$):\nwritten to\nshared memory,\nsynchronised,\nadded",
                  fill="#fbe3e3", edge=RED, size=8)
     fig.tight_layout()
     return fig
@@ -173,9 +173,9 @@ def split_k_grid(chunks, heads_drawn=3):
     """The programs of one decoding step: one per head reading the whole cache
     (the forward kernel's grid), against one per (head, chunk), each writing
     its state (m, l, o), followed by a merge of the states."""
-    fig, axes = plt.subplots(1, 2, figsize=(10.4, 4.2), gridspec_kw={"width_ratios": [1, 1.45]})
+    fig, axes = plt.subplots(2, 1, figsize=(7.2, 8.6))   # one above the other, on the same scale
     for ax, split in zip(axes, (False, True)):
-        _blank(ax, 12.6 if split else 8.7, 8.0)
+        _blank(ax, 12.6, 8.0)
         for h in range(heads_drawn):
             y = 5.6 - h * 2.5
             ax.text(0.1, y + 0.9, f"head {h}", fontsize=9, va="center")
@@ -201,7 +201,9 @@ def split_k_grid(chunks, heads_drawn=3):
 def backward_ownership(blocks=4):
     """Which program keeps which gradient on the chip in the tiled backward
     pass: one pass over key blocks with atomic adds into dQ, or two passes."""
-    fig, axes = plt.subplots(1, 3, figsize=(12, 4.4))
+    fig = plt.figure(figsize=(7.2, 8.0))   # one pass above, the two passes side by side below
+    grid = fig.add_gridspec(2, 2)
+    axes = [fig.add_subplot(grid[0, :]), fig.add_subplot(grid[1, 0]), fig.add_subplot(grid[1, 1])]
     titles = ["one pass, one program per key block:\n$dK_j$, $dV_j$ on the chip; $dQ$ by atomic adds",
               "two passes, pass 1: one program per key block\nkeeps $dK_j$, $dV_j$ and writes them once",
               "two passes, pass 2: one program per query block\nkeeps $dQ_i$ and writes it once"]
@@ -253,7 +255,7 @@ def prefill_and_decode(cache_rows, prompt):
     # the step at which row `token` entered the cache of `layer`
     written = np.array([[int(np.argmax(cache_rows[:, layer] > token)) for token in range(steps)]
                         for layer in range(layers)])
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10.6, 4.0), gridspec_kw={"width_ratios": [1.35, 1]})
+    fig, (left, right) = plt.subplots(2, 1, figsize=(6.8, 7.4), gridspec_kw={"height_ratios": [0.7, 1.3]})
     shade = plt.get_cmap("Blues")
     for layer in range(layers):
         for token in range(steps):
@@ -281,7 +283,7 @@ def prefill_and_decode(cache_rows, prompt):
             right.add_patch(Rectangle((j, i), 1, 1, facecolor=colour, alpha=0.45 if prefilled else 1,
                                       edgecolor="white", lw=0.8))
     for i in range(prompt, steps):
-        right.text(steps + 0.2, i + 0.5, f"step {i - prompt + 1}", va="center", fontsize=7.5)
+        right.text(steps + 0.2, i + 0.5, f"step {i - prompt + 1}", va="center", fontsize=8.5)
     right.text(prompt + 0.6, prompt / 2, "prefill:\none pass over\nthe prompt", ha="left", va="center", fontsize=8.5,
                color=PURPLE)
     right.set_xlim(0, steps + 2.2)

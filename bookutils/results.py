@@ -111,20 +111,23 @@ def forward_figure(records):
     titled with where and when it was measured."""
     from bookutils.plotting import panel_grid
 
-    fig, axes = panel_grid(len(records), 4.9, 4.0)
+    fig, axes = panel_grid(len(records), 3.7, 3.6)
+    methods = list(dict.fromkeys(r["method"] for _, record in records for r in record["tables"].get("forward", [])))
+    colours = {method: f"C{i}" for i, method in enumerate(methods)}   # a method's colour is the same in every panel
     for ax, (name, record) in zip(axes.flat, records):
         rows = record["tables"].get("forward", [])
         for method in dict.fromkeys(r["method"] for r in rows):
             mine = [r for r in rows if r["method"] == method]
-            ax.plot([r["n"] for r in mine], [r["tflops"] for r in mine], "o-", label=method)
+            ax.plot([r["n"] for r in mine], [r["tflops"] for r in mine], "o-", color=colours[method], label=method)
         ax.set_xscale("log", base=2)
         ax.set_xlabel("sequence length $N$")
         ax.set_ylabel("TFLOP/s")
         ax.set_ylim(bottom=0)
         where, _, what = label(record).partition(" UTC, ")     # two lines: where and when, then with what
         title = f"{where} UTC\n{what}" if what else where
-        ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=8)
-        ax.legend(fontsize=7, loc="lower right")   # the rates rise with N: the lower right is free
+        ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=7.5)
         ax.grid(True, alpha=0.3)
-    fig.tight_layout()
+    handles = {label: handle for ax in axes.flat[:len(records)] for handle, label in zip(*ax.get_legend_handles_labels())}
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))   # half an inch below for the one legend
     return fig

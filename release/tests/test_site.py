@@ -2,7 +2,8 @@
 over a local HTTP server. Every page loads with no console error and no failed
 or external request, math is rendered by the MathJax shipped with the site,
 printed text and equations fit the text column (a printed table may scroll,
-marked as such), figures open at full size, no page is wider than a phone,
+marked as such), figures open at full size and are not shrunk past legibility
+(to under 85% of their drawn width), no page is wider than a phone,
 links and images resolve, search works, exercise pages offer the student
 notebook, and the home page and a chapter pass axe-core's serious and critical
 rules. Screenshots are saved next to the build for a person to look at."""
@@ -126,6 +127,12 @@ def test_page_loads_cleanly_and_renders_its_math(browser, server, page):
             .filter(img => img.closest('a.full-size-figure')?.getAttribute('href') !== img.getAttribute('src'))
             .map(img => img.getAttribute('src'))""")
         assert not unlinked, f"{page}: figures that do not open at full size: {unlinked}"
+        # A figure drawn wider than the column is shrunk to it, and its labels with it: at most by 15%.
+        shrunk = visit.page.evaluate("""() => [...document.querySelectorAll('div.cell_output img')]
+            .filter(img => img.naturalWidth > 0 && img.getBoundingClientRect().width < 0.85 * img.naturalWidth)
+            .map(img => `${img.getAttribute('src')} (${img.naturalWidth} px shown at ${
+                Math.round(img.getBoundingClientRect().width)})`)""")
+        assert not shrunk, f"{page}: figures shrunk to under 85% of their drawn size, labels too small: {shrunk}"
     finally:
         visit.close()
 
