@@ -30,3 +30,15 @@ def panel_grid(n, width, height, **kwargs):
     for ax in axes.flat[n:]:
         ax.remove()
     return fig, axes
+
+
+def legend_below(fig, axes, ncol, room=0.45):
+    """One legend for all panels, below them: each label of the axes once, its first line.
+    The panels are laid out to leave `room` inches under them for it (a legend over the
+    data hides it once the figure is no wider than the page's column)."""
+    handles = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels()):
+            handles.setdefault(label, handle)
+    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, room / fig.get_figheight(), 1, 1))

@@ -109,7 +109,7 @@ def gpu_records(folder=RESULTS_DIR):
 def forward_figure(records):
     """One panel per (file name, record): forward TFLOP/s against N, a line per method,
     titled with where and when it was measured."""
-    from bookutils.plotting import panel_grid
+    from bookutils.plotting import legend_below, panel_grid
 
     fig, axes = panel_grid(len(records), 3.7, 3.6)
     methods = list(dict.fromkeys(r["method"] for _, record in records for r in record["tables"].get("forward", [])))
@@ -127,7 +127,5 @@ def forward_figure(records):
         title = f"{where} UTC\n{what}" if what else where
         ax.set_title(f"{title}\ncausal={record['settings']['causal']} ({name})", fontsize=7.5)
         ax.grid(True, alpha=0.3)
-    handles = {label: handle for ax in axes.flat[:len(records)] for handle, label in zip(*ax.get_legend_handles_labels())}
-    fig.legend(handles.values(), handles.keys(), loc="lower center", ncol=2, fontsize=8, frameon=False)
-    fig.tight_layout(rect=(0, 0.45 / fig.get_figheight(), 1, 1))   # half an inch below for the one legend
+    legend_below(fig, axes.flat[:len(records)], ncol=2)
     return fig
